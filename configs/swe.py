@@ -1,0 +1,236 @@
+r"""SWE GRPO: an agent writes a patch, the sandbox runs the held-out tests, the verdict is the reward.
+
+On this machine (the embedded default, variant `tiny`: local Ray, a local sandbox fleet, CPU vLLM,
+a tiny model made locally, the shipped `tiny` task subset):
+
+  python -m dockyard.launch --config=configs/swe.py --workdir=workdirs/swe
+
+On a GPU cluster (Qwen2.5-7B-Instruct, 4 nodes x 8 GPUs, 3 trainer + 1 inference, async GRPO):
+
+  python -m dockyard.launch --config=configs/swe.py:full \
+      --config.grpo.num_prompts_per_step=32 --workdir=/path/to/workdir
+
+Variants (the `:arg` string): `tiny` (default) | `full`; `torch` selects the PyTorch trainer;
+`sync` turns async GRPO off. Combine with commas: `:full,torch`.
+Print the plan without starting anything: `--config.run.dry_run=True`.
+Sweep: `python -m launch.sweep --config=configs/swe.py:tiny --dry_run`.
+"""
+import ml_collections
+
+from dockyard import config_lib
+
+
+def get_config(arg=None):
+  arg = config_lib.parse_arg(arg, tiny=False, full=False, torch=False, sync=False, runlocal=False)
+  full = arg.full and not (arg.tiny or arg.runlocal)
+  c = ml_collections.ConfigDict()
+
+  # run: identity, seed, mode, and how long.
+  c.run = dict(
+      name="swe_full" if full else "swe_tiny",
+      variant="full" if full else "tiny",
+      seed=0,
+      mode="train",          # train | eval (eval: generate on the test split, report resolve rate)
+      dry_run=False,         # print the resolved fleets, placements and mesh; start nothing
+      ray_address="",        # '' starts a local Ray; 'auto' or 'ray://host:10001' joins one
+  )
+
+  # cluster: the machines the fleets are placed on (the trainer's device count comes from here).
+  c.cluster = dict(
+      num_nodes=4 if full else 1,
+      accelerators_per_node=8 if full else 0,   # 0: CPU only
+      trainer_nodes=3 if full else 1,
+      inference_nodes=1 if full else 1,
+      colocated=not full,                       # trainer and vLLM share the devices
+      cpu_devices=1,                            # JAX CPU devices when accelerators_per_node == 0
+  )
+
+  # policy: the model being trained and the framework that trains it.
+  c.policy = dict(
+      backend="torch" if arg.torch else "jax",   # jax | torch
+      model_name_or_path="Qwen/Qwen2.5-7B-Instruct" if full else "",
+      # A tiny model made locally (transformers config + random init + save_pretrained) when
+      # model_name_or_path is empty; cached by its spec under ~/.cache/dockyard/models.
+      tiny=dict(
+          family="qwen2",     # qwen2 | qwen3 | llama
+          hidden_size=128,
+          intermediate_size=256,
+          num_hidden_layers=2,
+          num_attention_heads=4,
+          num_key_value_heads=2,
+          vocab_size=1024,    # the tokenizer is trained locally to this size
+          tie_word_embeddings=True,
+          max_position_embeddings=4096,
+      ),
+      dtype="bfloat16" if full else "float32",         # compute dtype
+      param_dtype="float32",
+      remat=full,                                       # jax.checkpoint each decoder layer
+      max_seq_len=16384 if full else 2048,
+  )
+
+  # mesh: trainer devices as (data, fsdp, tensor); -1 is "the rest". Logical axis rules map
+  # the names used inside the modules to mesh axes.
+  c.mesh = dict(
+      shape=(1, -1, 1),
+      axes=("data", "fsdp", "tensor"),
+      rules=(
+          ("batch", ("data", "fsdp")),
+          ("embed", "fsdp"),
+          ("mlp", "tensor"),
+          ("heads", "tensor"),
+          ("vocab", "tensor"),
+      ),
+  )
+
+  # optim: AdamW with warmup + cosine decay and global-norm clipping.
+  c.optim = dict(
+      lr=1e-6 if full else 2e-4,
+      warmup_steps=10 if full else 2,
+      decay_steps=0,            # 0: grpo.max_num_steps
+      end_lr_factor=0.1,
+      b1=0.9,
+      b2=0.999,
+      eps=1e-8,
+      weight_decay=0.01,
+      max_grad_norm=1.0,
+      micro_batch_size=4 if full else 8,   # sequences per forward/backward; gradients accumulate
+  )
+
+  # grpo: the algorithm and the loop.
+  c.grpo = dict(
+      num_prompts_per_step=8 if full else 4,
+      num_generations_per_prompt=8 if full else 4,
+      max_rollout_turns=1,
+      max_num_steps=500 if full else 20,
+      val_period=10 if full else 5,
+      val_at_start=True,
+      max_val_samples=64 if full else 8,
+      advantage=dict(
+          estimator="grpo",         # grpo | gdpo | reinforce++
+          leave_one_out=True,
+          normalize_std=False,
+      ),
+      dynamic_sampling=False,       # drop groups whose rewards have zero variance (DAPO)
+      reward_shaping=dict(
+          scale=1.0,
+          malformed_penalty=0.0,    # added to the reward of a completion that cannot be parsed
+          overlong_penalty=0.0,     # DAPO soft overlong punishment: max penalty
+          overlong_buffer=0,        # tokens before max_new_tokens where the penalty ramps up
+      ),
+      sft_warmup=dict(
+          steps=0 if full else 30,  # SFT on the training split's gold answers before GRPO
+          lr=1e-3,
+          batch_size=8,
+      ),
+      async_grpo=dict(
+          enabled=not arg.sync,
+          max_trajectory_age_steps=1,
+          in_flight_weight_updates=True,
+          in_flight_policy="finish",   # finish (on old weights) | abort (and resubmit)
+          recompute_kv_cache_after_weight_updates=False,
+          replay_buffer_size=0,        # 0: 2 x prompts per step x generations
+          rollout_timeout_s=600.0,
+          score_timeout_s=600.0,
+          on_timeout="drop",           # drop | retry
+      ),
+  )
+
+  # loss_fn: the clipped policy-gradient loss (ClippedPGLossFn semantics).
+  c.loss_fn = dict(
+      ratio_clip_min=0.2,                 # epsilon low
+      ratio_clip_max=0.28,                # epsilon high (DAPO clip-higher)
+      ratio_clip_c=3.0,                   # dual-clip constant (<= 1 disables)
+      reference_policy_kl_penalty=0.0 if not full else 0.01,  # k3; 0 skips the reference forward
+      use_importance_sampling_correction=True,
+      truncated_importance_sampling_ratio=2.0,
+      aggregation="token",                # token | sequence (GSPO)
+      length_normalization="token_mean",  # token_mean | dr_grpo (constant max-length normalizer)
+  )
+
+  # rollout: vLLM engines on Ray.
+  c.rollout = dict(
+      num_engines=1,
+      tensor_parallel_size=8 if full else 1,
+      max_model_len=16384 if full else 2048,
+      dtype="bfloat16" if full else "float32",
+      gpu_memory_utilization=0.85,
+      cpu_kvcache_space_gib=1,
+      enforce_eager=not full,
+      max_new_tokens=4096 if full else 256,
+      temperature=1.0,
+      top_p=1.0,
+      val_temperature=0.0,
+  )
+
+  # refit: moving weights trainer -> vLLM, and the canary that checks they arrived right.
+  c.refit = dict(
+      transport="auto",        # auto | inprocess | object_store | http | nccl
+      canary=dict(
+          enabled=True,
+          max_abs_logprob_delta=1e-2 if full else 1e-3,
+      ),
+  )
+
+  # sandbox: the executor fleet that runs tests (Ray actors serving HTTP).
+  c.sandbox = dict(
+      launch_local_fleet=True,   # start executors as Ray actors when env.code.sandbox_urls is empty
+      num_executors=8 if full else 1,
+      slots=0,                   # concurrent runs per executor; 0: the node's cores
+      port=9090,
+      queue_size=1024,
+      cache_dir="",              # '' : ~/.cache/dockyard/sandbox
+      timeout_s=120.0 if full else 60.0,
+      memory_mb=4096,
+      cpu_time_s=120,
+      max_processes=256,
+      max_file_size_mb=64,
+      max_open_files=1024,
+      max_output_bytes=1 << 20,
+  )
+
+  # env: the task + completion -> reward environment.
+  c.env = dict(
+      name="swe",               # swe | math
+      code=dict(
+          sandbox_urls=("http://localhost:9090",) if full else (),  # () : the local fleet
+          reward="resolved",     # resolved | pass_rate
+          prompt_token_budget=12000 if full else 1024,
+          request_timeout_s=600.0,
+          max_in_flight=256 if full else 16,
+      ),
+  )
+
+  # data: task sets in the SWE-bench instance schema.
+  c.data = dict(
+      train="data/swe/train.jsonl" if full else "data/swe/tiny/train.jsonl",
+      validation="data/swe/tiny/train.jsonl" if not full else "data/swe/validation.jsonl",
+      test="data/swe/test.jsonl",
+      shuffle_seed=0,
+      prompt_batching="grain",
+  )
+
+  # checkpoint: one orbax CheckpointManager; best-k by a validation metric.
+  c.checkpoint = dict(
+      enabled=True,
+      save_period=10 if full else 5,
+      keep_top_k=3,
+      metric="val/resolve_rate",
+      metric_mode="max",
+  )
+
+  # logging: TensorBoard + metrics.jsonl in the workdir; a PNG reward curve at the end.
+  c.logging = dict(
+      log_period=1,
+      tensorboard=True,
+      png_curve=True,
+  )
+  return c
+
+
+def get_hyper(h):
+  """The sweep: learning rate x group size (`python -m launch.sweep --config=configs/swe.py`)."""
+  return h.product([
+      h.sweep("config.optim.lr", [1e-6, 3e-6]),
+      h.sweep("config.grpo.num_generations_per_prompt", [4, 8]),
+      h.fixed("config.loss_fn.ratio_clip_max", 0.28),
+  ])

@@ -1,0 +1,31 @@
+"""The `Environment` seam: a task and a completion in, a reward out.
+
+Environments are async so that many scorings can be in flight (the SWE env waits on the sandbox).
+"""
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any, Mapping
+
+
+@dataclasses.dataclass
+class Reward:
+  value: float                                 # the raw reward, before shaping
+  info: dict[str, Any] = dataclasses.field(default_factory=dict)  # reason, verdict, findings...
+  components: dict[str, float] = dataclasses.field(default_factory=dict)  # for multi-reward (GDPO)
+  malformed: bool = False                      # the completion could not be parsed
+
+
+class Environment(abc.ABC):
+
+  @abc.abstractmethod
+  def prompt_messages(self, task: Mapping[str, Any]) -> list[dict[str, str]]:
+    """Chat messages for the task (the tokenizer's chat template turns them into ids)."""
+
+  @abc.abstractmethod
+  async def score(self, task: Mapping[str, Any], completion: str) -> Reward:
+    """Scores one completion of the task."""
+
+  async def close(self) -> None:
+    """Releases clients and connections."""

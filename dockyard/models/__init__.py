@@ -1,0 +1,1 @@
+"""Model files made locally: tiny HF checkpoints and tokenizers for tests and the default run."""

