@@ -33,9 +33,14 @@ class TrainBatch:
     return int(self.input_ids.shape[0])
 
 
-# A loss callable gets (per-token logprobs [B,T] of the current policy, the batch) in the
-# backend's array type and returns (scalar loss, dict of scalar metrics).
-LossFn = Callable[[Any, TrainBatch], tuple[Any, Mapping[str, Any]]]
+# A loss callable: loss_fn(logprobs [B,T], loss_mask [B,T], extras: dict[str, array]) ->
+# (scalar loss, dict of scalar metrics), in the backend's array type (jnp or torch), traceable.
+# Micro-batching contract: the trainer splits a batch into micro-batches, adds to every micro-
+# batch's extras the whole batch's `total_tokens` (sum of loss_mask, float scalar) and
+# `total_sequences` (sequences with any loss token, float scalar), SUMS the losses, gradients and
+# metrics over micro-batches. So a loss fn normalizes by those totals (not by its micro-batch's
+# counts), and the sum over micro-batches equals the full-batch value exactly.
+LossFn = Callable[[Any, Any, Mapping[str, Any]], tuple[Any, Mapping[str, Any]]]
 
 
 class Policy(abc.ABC):
