@@ -1,0 +1,1 @@
+"""Experiment launchers: expand a config's sweep into runs; run them locally or as Ray jobs."""

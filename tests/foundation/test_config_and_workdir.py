@@ -1,0 +1,72 @@
+"""Config helpers, validation rules, the sweep helper and the workdir writers, in-process."""
+import json
+import os
+
+import pytest
+
+from dockyard import config_lib, sweep as h, validate, workdir
+from configs import swe
+
+
+def test_parse_arg_types_and_errors():
+  a = config_lib.parse_arg("full,n=3", full=False, n=1, name="x")
+  assert a.full is True and a.n == 3 and a.name == "x"
+  with pytest.raises(ValueError, match="Unknown config argument 'm'"):
+    config_lib.parse_arg("m=1", n=1)
+  with pytest.raises(ValueError, match="'n' must be int"):
+    config_lib.parse_arg("n=x", n=1)
+
+
+def test_both_variants_validate():
+  validate.validate(swe.get_config())
+  validate.validate(swe.get_config("full"))
+
+
+@pytest.mark.parametrize("shape, devices, expect", [
+    ((1, -1, 1), 8, (1, 8, 1)), ((2, 2, 2), 8, (2, 2, 2)), ((-1, 1, 1), 24, (24, 1, 1))])
+def test_resolve_mesh_shape(shape, devices, expect):
+  assert validate.resolve_mesh_shape(shape, devices) == expect
+
+
+@pytest.mark.parametrize("shape, msg", [((2, -1, -1), "at most one -1"), ((3, -1, 1), "cannot fill"),
+                                        ((0, 8, 1), "positive")])
+def test_resolve_mesh_shape_errors(shape, msg):
+  with pytest.raises(validate.ConfigError, match=msg):
+    validate.resolve_mesh_shape(shape, 8)
+
+
+def test_full_variant_rejects_too_many_engines():
+  c = swe.get_config("full")
+  c.rollout.num_engines = 2  # 2 x TP8 on one 8-GPU inference node
+  with pytest.raises(validate.ConfigError, match="config.rollout.num_engines"):
+    validate.validate(c)
+
+
+def test_sweep_helper():
+  trials = h.product([h.sweep("config.a", [1, 2]), h.zipit([h.sweep("config.b", [3, 4]),
+                                                             h.sweep("config.c", ["x", "y"])]),
+                      h.fixed("config.d", 0.5)])
+  assert trials == [
+      {"config.a": 1, "config.b": 3, "config.c": "x", "config.d": 0.5},
+      {"config.a": 1, "config.b": 4, "config.c": "y", "config.d": 0.5},
+      {"config.a": 2, "config.b": 3, "config.c": "x", "config.d": 0.5},
+      {"config.a": 2, "config.b": 4, "config.c": "y", "config.d": 0.5},
+  ]
+  assert h.to_flags({"config.a": 1e-6}) == ["--config.a=1e-06"]
+  with pytest.raises(ValueError, match="equal length"):
+    h.zipit([h.sweep("config.a", [1]), h.sweep("config.b", [1, 2])])
+
+
+def test_workdir_layout_and_metrics(tmp_path):
+  paths = workdir.prepare(str(tmp_path), swe.get_config())
+  assert json.load(open(paths["config"]))["grpo"]["num_prompts_per_step"] == 4
+  assert os.path.isdir(paths["tensorboard"]) and os.path.isdir(paths["checkpoints"])
+  w = workdir.MetricWriter(str(tmp_path))
+  w.write(0, {"reward/mean": 0.1, "nan": float("nan")})
+  w.write(1, {"reward/mean": 0.5})
+  w.close()
+  rows = workdir.read_metrics(paths["metrics"])
+  assert rows == [{"step": 0, "reward/mean": 0.1, "nan": None}, {"step": 1, "reward/mean": 0.5}]
+  assert any(f.startswith("events.out.tfevents") for f in os.listdir(paths["tensorboard"]))
+  png = workdir.plot_curves(paths["metrics"], str(tmp_path / "c.png"), ("reward/mean",))
+  assert os.path.getsize(png) > 1000
