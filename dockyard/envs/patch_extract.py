@@ -1,0 +1,101 @@
+"""Pulls a unified diff out of a model's completion and normalizes it for `git apply -p1`.
+
+Order: the first fenced ```diff / ```patch block (or any fenced block) that parses as a unified diff,
+else the raw text from its first `diff --git` / `--- ` line. Normalization: LF line ends, a final
+newline, `a/` and `b/` prefixes added where a header lacks them, prose after the last hunk dropped
+(hunk line counts decide where a hunk ends). Anything that still does not parse is malformed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import unidiff
+
+_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
+_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+
+
+@dataclasses.dataclass
+class Extracted:
+  patch: str | None
+  reason: str = ""                    # why there is no patch, when patch is None
+  files: tuple[str, ...] = ()         # target paths the patch touches
+
+
+def _prefix(path: str, side: str) -> str:
+  if path == "/dev/null" or path.startswith(f"{side}/"):
+    return path
+  return f"{side}/{path}"
+
+
+def _trim_and_prefix(text: str) -> str:
+  """Keeps file headers and hunks (by their line counts), drops anything else, adds a/ b/."""
+  lines = text.split("\n")
+  out, i = [], 0
+  while i < len(lines):
+    line = lines[i]
+    if line.startswith("diff --git "):
+      out.append(line)
+    elif line.startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ "):
+      old = line[4:].split("\t")[0].strip()
+      new = lines[i + 1][4:].split("\t")[0].strip()
+      out += [f"--- {_prefix(old, 'a')}", f"+++ {_prefix(new, 'b')}"]
+      i += 1
+    elif (m := _HUNK.match(line)):
+      old_left = int(m.group(2) or 1) if m.group(2) != "0" else 0
+      new_left = int(m.group(4) or 1) if m.group(4) != "0" else 0
+      out.append(line)
+      i += 1
+      while i < len(lines) and (old_left > 0 or new_left > 0):
+        body = lines[i]
+        if body.startswith("\\"):
+          out.append(body)
+        elif body.startswith("-"):
+          old_left -= 1; out.append(body)
+        elif body.startswith("+"):
+          new_left -= 1; out.append(body)
+        elif body.startswith(" ") or body == "":
+          old_left -= 1; new_left -= 1; out.append(body if body else " ")
+        else:
+          break  # prose inside a hunk: the hunk is short; unidiff will reject it
+        i += 1
+      if i < len(lines) and lines[i].startswith("\\"):
+        out.append(lines[i]); i += 1
+      continue
+    elif line.startswith(("index ", "new file mode", "deleted file mode", "old mode", "new mode",
+                          "similarity index", "rename from", "rename to", "Binary files", "GIT binary")):
+      out.append(line)
+    i += 1
+  return "\n".join(out).rstrip("\n") + "\n"
+
+
+def _parse(candidate: str) -> Extracted | None:
+  if "@@" not in candidate:
+    return None
+  text = _trim_and_prefix(candidate.replace("\r\n", "\n"))
+  try:
+    patch_set = unidiff.PatchSet(text)
+  except unidiff.UnidiffParseError:
+    return None
+  if not len(patch_set) or not any(len(f) for f in patch_set):
+    return None
+  return Extracted(patch=text, files=tuple(f.path for f in patch_set))
+
+
+def extract_patch(completion: str) -> Extracted:
+  if not completion or not completion.strip():
+    return Extracted(None, "empty completion")
+  blocks = _FENCE.findall(completion)
+  preferred = [b for lang, b in blocks if lang.lower() in ("diff", "patch", "udiff")]
+  for block in preferred + [b for lang, b in blocks if lang.lower() not in ("diff", "patch", "udiff")]:
+    got = _parse(block)
+    if got:
+      return got
+  m = re.search(r"^(diff --git |--- )", completion, re.M)
+  if m:
+    got = _parse(completion[m.start():])
+    if got:
+      return got
+    return Extracted(None, "diff found but it does not parse as a unified diff")
+  return Extracted(None, "no unified diff in the completion" + (" (fenced block did not parse)" if blocks else ""))

@@ -1,0 +1,132 @@
+"""The single-shot SWE environment: a task's prompt in, one completion's patch graded by the sandbox out.
+
+Prompt = the problem statement + the relevant source files of the repository at `base_commit`.
+Which files: the files the task's gold patch edits (SWE-bench's "oracle" retrieval), read from the
+local task repository with `git show base_commit:path`. The budget (`env.code.prompt_token_budget`,
+in tokens of the policy's tokenizer) is spent file by file; a file that does not fit whole is cut
+to windows of lines around the gold hunks (with line numbers kept so the model can write correct
+hunks), and files that still do not fit are left out. Held-out tests are never shown.
+
+Scoring: the completion's unified diff is extracted (`patch_extract`), submitted through
+`SandboxClient`, and the verdict's `reward` (binary resolved, zero on any integrity finding) or
+`pass_rate` (also zeroed by a finding) is the raw reward. A completion without a parsable diff is
+malformed: reward 0, `malformed=True`, the reason in `info` (shaping adds the configured penalty).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+from typing import Any, Callable, Mapping
+
+import unidiff
+
+from dockyard.envs import patch_extract
+from dockyard.envs.base import Environment, Reward
+
+SYSTEM_PROMPT = (
+    "You fix bugs in Python repositories. Answer with a unified diff (git format, paths relative to "
+    "the repository root, a/ and b/ prefixes) inside one ```diff fenced block.")
+
+
+def repo_dir(repos_dir: str, repo: str) -> str:
+  return os.path.join(repos_dir, repo.replace("/", "__"))
+
+
+def default_repos_dir() -> str:
+  return os.environ.get("DOCKYARD_REPOS_DIR", os.path.expanduser("~/.cache/dockyard/repos"))
+
+
+def gold_hunk_lines(gold_patch: str) -> dict[str, list[tuple[int, int]]]:
+  """{path: [(first_line, last_line)]} of the pre-image lines each gold hunk covers."""
+  spans: dict[str, list[tuple[int, int]]] = {}
+  for f in unidiff.PatchSet(gold_patch):
+    for h in f:
+      spans.setdefault(f.source_file[2:] if f.source_file.startswith("a/") else f.source_file, []).append(
+          (h.source_start, h.source_start + max(h.source_length, 1) - 1))
+  return spans
+
+
+def _windows(lines: list[str], spans: list[tuple[int, int]], radius: int) -> str:
+  keep: list[tuple[int, int]] = []
+  for lo, hi in sorted(spans):
+    lo, hi = max(1, lo - radius), min(len(lines), hi + radius)
+    if keep and lo <= keep[-1][1] + 1:
+      keep[-1] = (keep[-1][0], max(keep[-1][1], hi))
+    else:
+      keep.append((lo, hi))
+  parts = []
+  for lo, hi in keep:
+    parts.append(f"... (lines {lo}-{hi})\n" + "\n".join(lines[lo - 1:hi]))
+  return "\n".join(parts) + "\n..."
+
+
+def build_prompt(task: Mapping[str, Any], read_file: Callable[[str], str | None],
+                 count_tokens: Callable[[str], int], budget: int) -> list[dict[str, str]]:
+  """Chat messages for `task` with the gold-patch files fitted into `budget` tokens."""
+  header = f"Repository: {task['repo']}\n\nIssue:\n{task['problem_statement'].strip()}\n"
+  used = count_tokens(SYSTEM_PROMPT) + count_tokens(header) + 32
+  sections = []
+  spans = gold_hunk_lines(task["patch"]) if task.get("patch") else {}
+  for path, file_spans in spans.items():
+    text = read_file(path)
+    if text is None:
+      continue
+    whole = f"\n[start of {path}]\n{text.rstrip()}\n[end of {path}]\n"
+    cost = count_tokens(whole)
+    if used + cost <= budget:
+      sections.append(whole); used += cost
+      continue
+    lines = text.split("\n")
+    for radius in (40, 20, 10, 5, 2):
+      cut = f"\n[start of {path} (excerpt)]\n{_windows(lines, file_spans, radius)}\n[end of {path}]\n"
+      cost = count_tokens(cut)
+      if used + cost <= budget:
+        sections.append(cut); used += cost
+        break
+  user = header + "\nRelevant code:\n" + "".join(sections) + "\nWrite the patch that fixes the issue."
+  return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
+
+
+class SweEnv(Environment):
+  """Scores patches through one `SandboxClient` (many scorings in flight)."""
+
+  def __init__(self, client, count_tokens: Callable[[str], int], prompt_token_budget: int = 1024,
+               reward: str = "resolved", repos_dir: str | None = None):
+    if reward not in ("resolved", "pass_rate"):
+      raise ValueError(f"env.code.reward must be 'resolved' or 'pass_rate', got {reward!r}")
+    self.client = client
+    self.count_tokens = count_tokens
+    self.budget = prompt_token_budget
+    self.reward = reward
+    self.repos_dir = repos_dir or default_repos_dir()
+
+  def _reader(self, task: Mapping[str, Any]) -> Callable[[str], str | None]:
+    root = repo_dir(self.repos_dir, task["repo"])
+
+    def read(path: str) -> str | None:
+      out = subprocess.run(["git", "-C", root, "show", f"{task['base_commit']}:{path}"],
+                           capture_output=True, text=True)
+      return out.stdout if out.returncode == 0 else None
+    return read
+
+  def prompt_messages(self, task: Mapping[str, Any]) -> list[dict[str, str]]:
+    return build_prompt(task, self._reader(task), self.count_tokens, self.budget)
+
+  async def score(self, task: Mapping[str, Any], completion: str) -> Reward:
+    got = patch_extract.extract_patch(completion)
+    if got.patch is None:
+      return Reward(0.0, {"reason": got.reason}, malformed=True)
+    verdict = await self.client.run({**task, "patch": got.patch})
+    findings = verdict.get("findings") or []
+    if self.reward == "resolved":
+      value = float(verdict.get("reward", float(verdict.get("resolved", False))))
+    else:
+      value = float(verdict.get("pass_rate", 0.0))
+    if findings:
+      value = 0.0
+    return Reward(value, {"resolved": bool(verdict.get("resolved")), "findings": findings,
+                          "reason": verdict.get("reason", ""), "pass_rate": verdict.get("pass_rate", 0.0),
+                          "patch_applied": verdict.get("patch_applied")})
+
+  async def close(self) -> None:
+    await self.client.aclose()
