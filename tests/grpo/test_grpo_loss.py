@@ -30,7 +30,7 @@ GRID = [LossConfig(ratio_clip_min=0.2, ratio_clip_max=hi, ratio_clip_c=c, refere
                    use_importance_sampling_correction=isc, aggregation=agg, length_normalization=ln,
                    max_completion_tokens=12)
         for hi, c, kl, isc, agg, ln in itertools.product(
-            (0.2, 0.28), (0.0, 3.0), (0.0, 0.05), (False, True), ("token", "sequence"),
+            (0.28,), (0.0, 3.0), (0.0, 0.05), (False, True), ("token", "sequence"),
             ("token_mean", "dr_grpo"))]
 
 
@@ -87,7 +87,7 @@ def test_jax_matches_spec_and_microbatches_sum(cfg):
   rng = np.random.default_rng(hash(cfg) % 2**32)
   lp, mask, extras = random_batch(rng, per_token_adv=cfg.aggregation == "token")
   want, want_m = loss_spec.clipped_pg_loss(lp, mask, extras, cfg)
-  got, got_m = jax.jit(loss_jax.make_pg_loss(cfg))(jnp.asarray(lp), jnp.asarray(mask), extras)
+  got, got_m = loss_jax.make_pg_loss(cfg)(jnp.asarray(lp), jnp.asarray(mask), extras)
   assert float(got) == pytest.approx(want, rel=1e-5, abs=1e-6)
   for k, v in want_m.items():
     assert float(got_m[k]) == pytest.approx(v, rel=1e-5, abs=1e-6), k
@@ -128,7 +128,7 @@ def test_jax_gradient_matches_finite_differences_of_spec():
   rng = np.random.default_rng(2)
   cfg = LossConfig(reference_policy_kl_penalty=0.05, ratio_clip_c=3.0)
   lp, mask, extras = random_batch(rng, b=3, t=5)
-  grad = np.asarray(jax.grad(lambda x: loss_jax.clipped_pg_loss(x, mask, extras, cfg)[0])(jnp.asarray(lp)))
+  grad = np.asarray(jax.jit(jax.grad(lambda x: loss_jax.clipped_pg_loss(x, mask, extras, cfg)[0]))(jnp.asarray(lp)))
   lp64 = lp.astype(np.float64)
   fd = np.zeros_like(lp64)
   for idx in np.ndindex(lp.shape):
