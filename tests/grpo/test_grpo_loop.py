@@ -228,3 +228,32 @@ def test_make_losses_follows_the_backend():
   with pytest.raises(NotImplementedError, match="trainer_torch"):
     sync_loop.make_losses(config)
   assert LossConfig.from_config(config).max_completion_tokens == 6
+
+
+def test_prompt_sampler_epochs_are_seeded_permutations():
+  tasks = [{"instance_id": i} for i in range(5)]
+  s = sync_loop.PromptSampler(tasks, seed=3)
+  first = [t["instance_id"] for t in s.next(3) + s.next(3)]
+  assert sorted(first[:5]) == [0, 1, 2, 3, 4] and s.state() == {"epoch": 1, "pos": 1}
+  again = sync_loop.PromptSampler(tasks, seed=3)
+  again.load({"epoch": 1, "pos": 1})
+  assert again.next(4) == s.next(4)
+  assert [t["instance_id"] for t in sync_loop.PromptSampler(tasks, seed=3).next(12)][:6] == first
+  with pytest.raises(ValueError, match="no training tasks"):
+    sync_loop.PromptSampler([], seed=0)
+
+
+def test_gdpo_uses_the_env_reward_components():
+  config = math_config(**{"grpo.advantage.estimator": "gdpo"})
+  env = MathEnv(MathConfig(num_train=1, num_validation=0))
+  task = env.train[0]
+  texts = [str(task["answer"]), "nothing", str(task["answer"] + 1), str(task["answer"] + 2)]
+
+  async def score():
+    return [await env.score(task, t) for t in texts]
+  g = Group(task, [1], [comp([1], [-1.0])] * 4, texts=texts, rewards=asyncio.run(score()))
+  sync_loop.assign_advantages([g], config)
+  z = lambda x: (np.array(x) - np.mean(x)) / np.std(x)
+  # components: correct, format, and the shaping penalty (math config: malformed_penalty 0.2)
+  np.testing.assert_allclose(g.advantages, z([1, 0, 0, 0]) + z([1, 0, 1, 1]) + z([0, -0.2, 0, 0]),
+                             rtol=1e-5)
