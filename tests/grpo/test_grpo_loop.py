@@ -256,4 +256,4 @@ def test_gdpo_uses_the_env_reward_components():
   z = lambda x: (np.array(x) - np.mean(x)) / np.std(x)
   # components: correct, format, and the shaping penalty (math config: malformed_penalty 0.2)
   np.testing.assert_allclose(g.advantages, z([1, 0, 0, 0]) + z([1, 0, 1, 1]) + z([0, -0.2, 0, 0]),
-                             rtol=1e-5)
+                             rtol=1e-4)   # eps in the std
