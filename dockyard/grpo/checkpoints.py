@@ -6,6 +6,8 @@ Two kinds, under `<workdir>/checkpoints/`:
                  leaves the previous one intact.
   best/step_N/   the best `keep_top_k` states by a validation metric (`config.checkpoint.metric`,
                  `metric_mode`); `best/best_k.json` lists them, best first.
+
+`save_fn(dir)` (normally `Policy.save`) always receives a directory that does not exist yet.
 """
 from __future__ import annotations
 
@@ -29,8 +31,8 @@ def save_latest(root: str, save_fn: Callable[[str], None], loop_state: dict) -> 
   final = os.path.join(root, "latest")
   tmp = os.path.join(root, "latest.tmp")
   shutil.rmtree(tmp, ignore_errors=True)
-  os.makedirs(tmp)
-  save_fn(tmp)
+  save_fn(tmp)   # a path that does not exist yet: orbax refuses to overwrite
+  os.makedirs(tmp, exist_ok=True)
   _write_json(os.path.join(tmp, LOOP_STATE), loop_state)
   old = os.path.join(root, "latest.old")
   shutil.rmtree(old, ignore_errors=True)
@@ -79,7 +81,6 @@ class BestK:
       return False
     path = os.path.join(self.root, f"step_{step:06d}")
     shutil.rmtree(path, ignore_errors=True)
-    os.makedirs(path)
     save_fn(path)
     self.entries = [e for e in self.entries if e["step"] != step]
     self.entries.append(dict(step=int(step), value=float(value), path=path))

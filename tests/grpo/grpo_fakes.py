@@ -81,6 +81,7 @@ class BigramPolicy(Policy):
     yield WEIGHT, np.asarray(self.table)
 
   def save(self, directory: str) -> None:
+    os.makedirs(directory)   # like orbax: the directory must not exist yet
     np.savez(os.path.join(directory, "bigram.npz"), table=np.asarray(self.table), step=self._step)
 
   def restore(self, directory: str) -> None:

@@ -150,6 +150,7 @@ def test_best_k_keeps_the_top_and_deletes_the_rest(tmp_path):
 
   def save(d):
     saved.append(d)
+    os.makedirs(d)
     open(os.path.join(d, "w"), "w").close()
   best = checkpoints.BestK(str(tmp_path), k=2, mode="max")
   assert [best.offer(s, v, save) for s, v in [(1, 0.2), (2, 0.5), (3, 0.1), (4, 0.7)]] == [True, True, False, True]
