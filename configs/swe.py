@@ -113,8 +113,8 @@ def get_config(arg=None):
       dynamic_sampling=False,       # drop groups whose rewards have zero variance (DAPO)
       reward_shaping=dict(
           scale=1.0,
-          malformed_penalty=0.0,    # added to the reward of a completion that cannot be parsed
-          overlong_penalty=0.0,     # DAPO soft overlong punishment: max penalty
+          malformed_penalty=0.0,    # subtracted from the reward of a completion that cannot be parsed (>= 0)
+          overlong_penalty=0.0,     # DAPO soft overlong punishment: max amount subtracted (>= 0)
           overlong_buffer=0,        # tokens before max_new_tokens where the penalty ramps up
       ),
       sft_warmup=dict(
