@@ -114,7 +114,7 @@ class Executor:
       try:
         with _Timer(v.timings, "prepare"):
           lower = await self.cache.tree(task.repo, task.base_commit)
-        async with View(lower, self.limits, binds=[PLUGIN_DIR]) as view:
+        async with View(lower, self.limits, binds=[(PLUGIN_DIR, PLUGIN_MOUNT)]) as view:
           await self._in_view(task, v, view, lower, test_patch_paths)
       finally:
         self.running -= 1
@@ -225,16 +225,20 @@ class Executor:
 
 
 async def _read_fd(fd: int) -> bytes:
-  """Reads a pipe to EOF (or a cap) without blocking the event loop; closes it."""
-  def read() -> bytes:
-    chunks, total = [], 0
-    with os.fdopen(fd, "rb", buffering=0) as f:
-      while chunk := f.read(65536):
-        if total < _MAX_REPORT_BYTES:
-          chunks.append(chunk)
-        total += len(chunk)
-    return b"".join(chunks)[:_MAX_REPORT_BYTES]
-  return await asyncio.to_thread(read)
+  """Reads a pipe to EOF on the event loop (no thread per run), keeping at most a cap."""
+  loop = asyncio.get_running_loop()
+  reader = asyncio.StreamReader()
+  transport, _ = await loop.connect_read_pipe(
+      lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0))
+  chunks, total = [], 0
+  try:
+    while chunk := await reader.read(65536):
+      if total < _MAX_REPORT_BYTES:
+        chunks.append(chunk)
+      total += len(chunk)
+  finally:
+    transport.close()
+  return b"".join(chunks)[:_MAX_REPORT_BYTES]
 
 
 def _read(path: str) -> str | None:

@@ -165,10 +165,11 @@ mount -t overlay overlay -o "lowerdir=$LOWER,upperdir=$M/up,workdir=$M/wk" "$M/w
 class View:
   """One run's private copy-on-write tree (see the module docstring). Use `async with`."""
 
-  def __init__(self, lower: str, limits: Limits, binds: Sequence[str] = ()):
+  def __init__(self, lower: str, limits: Limits, binds: Sequence[tuple[str, str]] = ()):
+    """`binds`: extra (host dir, sandbox path) pairs mounted read-only."""
     self.lower = lower
     self.limits = limits
-    self.binds = list(host_binds()) + list(binds)
+    self.binds = [(p, p) for p in host_binds()] + list(binds)
     self._holder: asyncio.subprocess.Process | None = None
 
   async def __aenter__(self) -> "View":
@@ -176,7 +177,7 @@ class View:
     os.chmod(MOUNT_POINT, 0o755)
     self._holder = await asyncio.create_subprocess_exec(
         "unshare", "--mount", "--propagation", "private", "--", "sh", "-c", _HOLDER, "holder",
-        MOUNT_POINT, self.lower, str(self.limits.disk_mb), str(SANDBOX_UID), *self.binds,
+        MOUNT_POINT, self.lower, str(self.limits.disk_mb), str(SANDBOX_UID), *[host for host, _ in self.binds],
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE, start_new_session=True)
     line = await asyncio.wait_for(self._holder.stdout.readline(), 30)
@@ -244,7 +245,7 @@ class View:
             "--size", str(lim.disk_mb << 20), "--tmpfs", "/tmp",
             "--size", str(64 << 20), "--tmpfs", HOME,
             "--bind", f"{m}/work", WORKDIR, "--ro-bind", f"{m}/in", INPUT_DIR]
-    for i, path in enumerate(self.binds):
+    for i, (_, path) in enumerate(self.binds):
       args += ["--ro-bind", f"{m}/b/{i}", path]
     for rel in ro_files:
       args += ["--ro-bind", f"{m}/work/{rel}", f"{WORKDIR}/{rel}"]
