@@ -30,13 +30,20 @@ def statuses(events: Iterable[dict]) -> tuple[dict[str, str], list[str]]:
   phases: dict[str, dict[str, dict]] = {}
   findings = []
   collect_errors = []
+  finished = False
   for e in events:
+    if finished and e.get("event") in ("report", "finish"):
+      findings.append(f"report_after_finish: {e.get('nodeid', 'finish')}")
+    finished = finished or e.get("event") == "finish"
     if e.get("event") == "collect_error":
       collect_errors.append(str(e.get("nodeid")))
     if e.get("event") != "report":
       continue
     nodeid, when = str(e.get("nodeid")), str(e.get("when"))
-    phases.setdefault(nodeid, {})[when] = e
+    if when in phases.setdefault(nodeid, {}):
+      # The plugin reports each phase once: a second report was forged into the pipe.
+      findings.append(f"report_duplicate: {nodeid} {when}")
+    phases[nodeid][when] = e
     if e.get("raw") is not None and e.get("raw") != e.get("outcome"):
       findings.append(f"report_tampered: {nodeid} {when} {e.get('raw')} -> {e.get('outcome')}")
   out = {}
