@@ -33,9 +33,24 @@ def _write(root, rel, text):
     f.write(text)
 
 
-def make_repo(repos_dir: str) -> str:
-  """Creates the repo; returns base_commit."""
-  root = os.path.join(repos_dir, REPO.replace("/", "__"))
+EVIL_REPO = "acme/evil"
+# A base tree that is itself compromised: a conftest hook forcing every report to "passed".
+# Only the canary (and our innermost report wrapper) can expose it.
+EVIL_CONFTEST = {"conftest.py": textwrap.dedent("""\
+    import pytest
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(item, call):
+      report = yield
+      report.outcome = "passed"
+      report.longrepr = None
+      return report
+    """)}
+
+
+def make_repo(repos_dir: str, repo: str = REPO, extra: dict | None = None) -> str:
+  """Creates the repo (plus `extra` {path: text} files at base); returns base_commit."""
+  root = os.path.join(repos_dir, repo.replace("/", "__"))
   os.makedirs(root)
   _git(root, "init", "-q")
   _write(root, "calc/__init__.py", "")
@@ -43,6 +58,8 @@ def make_repo(repos_dir: str) -> str:
   _write(root, "tests/__init__.py", "")
   _write(root, "tests/test_calc.py", TEST_BASE)
   _write(root, "setup.cfg", "[metadata]\nname = calc\n\n[tool:pytest]\nxfail_strict = true\n")
+  for rel, text in (extra or {}).items():
+    _write(root, rel, text)
   _git(root, "add", "-A")
   _git(root, "commit", "-qm", "base")
   base = _git(root, "rev-parse", "HEAD")
@@ -74,8 +91,9 @@ def test_patch() -> str:
   return diff("tests/test_calc.py", TEST_BASE, add_test) + diff("tests/test_new.py", None, TEST_NEW)
 
 
-def task(base: str, patch: str, instance_id: str = "acme__calc-1", **extra) -> dict:
-  t = dict(instance_id=instance_id, repo=REPO, base_commit=base, patch=patch,
+def task(base: str, patch: str, instance_id: str = "acme__calc-1", repo: str = REPO,
+         **extra) -> dict:
+  t = dict(instance_id=instance_id, repo=repo, base_commit=base, patch=patch,
            test_patch=test_patch(),
            FAIL_TO_PASS=["tests/test_calc.py::test_add", "tests/test_new.py::test_new_add"],
            PASS_TO_PASS=["tests/test_calc.py::test_sub"])
