@@ -33,7 +33,9 @@ _GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_COUNT": "1",
             "GIT_CONFIG_KEY_0": "safe.directory", "GIT_CONFIG_VALUE_0": "*"}
 APPLY_CASCADE = (
     ("git apply", ["git", "apply", "--verbose", "--whitespace=nowarn"]),
-    ("git apply --3way", ["git", "apply", "--verbose", "--3way", "--whitespace=nowarn"]),
+    # The cached index holds another tree's stat data: refresh it or --3way sees every file dirty.
+    ("git apply --3way", ["sh", "-c", 'git update-index -q --refresh; exec git apply --verbose '
+                          '--3way --whitespace=nowarn "$0"']),
     ("patch --fuzz", ["patch", "--batch", "--forward", "--fuzz=5", "-p1",
                       "--no-backup-if-mismatch", "-i"]),
 )

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import json
 import os
 import shlex
 import signal
@@ -236,7 +237,7 @@ class View:
     return out
 
   def bwrap_argv(self, argv: Sequence[str], env: dict[str, str], ro_files: Sequence[str] = (),
-                 cwd: str = WORKDIR) -> list[str]:
+                 cwd: str = WORKDIR, info_fd: int | None = None) -> list[str]:
     lim = self.limits
     m = MOUNT_POINT
     args = ["setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups", "--",
@@ -254,6 +255,8 @@ class View:
                 "PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin"}
     for key, value in {**base_env, **env}.items():
       args += ["--setenv", key, value]
+    if info_fd is not None:
+      args += ["--info-fd", str(info_fd)]
     args += ["--remount-ro", "/", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
              "--hostname", "sandbox", "--chdir", cwd,
              "prlimit", f"--cpu={lim.cpu_time_s}:{lim.cpu_time_s + 1}",
@@ -265,31 +268,81 @@ class View:
   async def exec(self, argv: Sequence[str], env: dict[str, str] | None = None,
                  ro_files: Sequence[str] = (), pass_fds: Sequence[int] = (),
                  timeout_s: float | None = None) -> RunResult:
-    """Runs argv in the sandbox over this view; kills the whole tree at the wall-clock limit."""
-    cmd = self._nsenter() + self.bwrap_argv(argv, env or {}, ro_files)
+    """Runs argv in the sandbox over this view; kills the whole tree at the wall-clock limit.
+
+    bwrap's --info-fd tells us the host pid of the sandbox's pid 1; it is killed (which empties
+    the pid namespace) and waited for, so nothing of the run is alive when this returns.
+    """
+    info_r, info_w = os.pipe()
+    cmd = self._nsenter() + self.bwrap_argv(argv, env or {}, ro_files, info_fd=info_w)
     start = time.monotonic()
-    proc = await asyncio.create_subprocess_exec(
-        *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT, pass_fds=tuple(pass_fds), start_new_session=True)
+    try:
+      proc = await asyncio.create_subprocess_exec(
+          *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+          stderr=asyncio.subprocess.STDOUT, pass_fds=(info_w, *pass_fds), start_new_session=True)
+    finally:
+      os.close(info_w)
     drain = asyncio.ensure_future(_drain(proc.stdout, self.limits.max_output_bytes))
+    info = asyncio.ensure_future(_read_small(info_r))
     timed_out = False
     try:
       await asyncio.wait_for(proc.wait(), timeout_s or self.limits.timeout_s)
     except asyncio.TimeoutError:
       timed_out = True
     finally:
-      # Also on success: bwrap is gone, and killing its group catches anything it left.
       try:
         os.killpg(proc.pid, signal.SIGKILL)
       except ProcessLookupError:
         pass
       await proc.wait()
+      child = _child_pid(await asyncio.wait_for(info, 5))
+      if child:
+        await _kill_and_wait(child)
     try:
       output = await asyncio.wait_for(drain, 10)
     except asyncio.TimeoutError:
       output = Output(b"", b"[output pipe held open past the run; dropped]", 0)
     return RunResult(None if timed_out else proc.returncode, timed_out,
                      time.monotonic() - start, output)
+
+
+async def _read_small(fd: int) -> bytes:
+  loop = asyncio.get_running_loop()
+  reader = asyncio.StreamReader()
+  transport, _ = await loop.connect_read_pipe(
+      lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0))
+  try:
+    # To EOF: closing early would make bwrap's next write hit EPIPE and SIGPIPE kill it
+    # mid-setup, leaving its child blocked forever.
+    return await reader.read()
+  finally:
+    transport.close()
+
+
+def _child_pid(info: bytes) -> int | None:
+  try:
+    return int(json.loads(info.decode().split("}")[0] + "}")["child-pid"])
+  except (ValueError, KeyError, IndexError):
+    return None
+
+
+def _alive(pid: int) -> bool:
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+  except (OSError, IndexError):
+    return False
+
+
+async def _kill_and_wait(pid: int, timeout_s: float = 5.0) -> None:
+  """SIGKILLs the sandbox's pid 1 (the kernel then kills its namespace) and waits until dead."""
+  deadline = time.monotonic() + timeout_s
+  while _alive(pid) and time.monotonic() < deadline:
+    try:
+      os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+      return
+    await asyncio.sleep(0.01)
 
 
 def describe(argv: Sequence[str]) -> str:

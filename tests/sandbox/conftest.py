@@ -48,7 +48,8 @@ def server(workspace):
 
 
 def sandbox_processes() -> list[str]:
-  """Processes running as the sandbox uid (none must outlive a verdict)."""
+  """Live processes of the sandbox uid (none must outlive a verdict). Zombies are dead and
+  skipped: bwrap's pid-1 exits just after the outer bwrap, so host init reaps it a moment later."""
   out = []
   for pid in os.listdir("/proc"):
     if not pid.isdigit():
@@ -59,7 +60,8 @@ def sandbox_processes() -> list[str]:
     except OSError:
       continue
     uid_line = next((l for l in status.splitlines() if l.startswith("Uid:")), "")
-    if str(SANDBOX_UID) in uid_line.split()[1:2]:
+    state = next((l for l in status.splitlines() if l.startswith("State:")), "")
+    if str(SANDBOX_UID) in uid_line.split()[1:2] and state.split()[1:2] != ["Z"]:
       name = next((l for l in status.splitlines() if l.startswith("Name:")), "")
       out.append(f"{pid} {name}")
   return out
