@@ -15,7 +15,7 @@ from dockyard.sandbox.isolation import SANDBOX_UID  # noqa: E402
 from dockyard.sandbox.local import start_local_executor  # noqa: E402
 
 # Tight limits so attacks end fast; ample for the tiny repo's tests.
-ADVERSARIAL_LIMITS = dict(timeout_s=15.0, cpu_time_s=8, memory_mb=1024, max_processes=64,
+ADVERSARIAL_LIMITS = dict(timeout_s=6.0, cpu_time_s=3, memory_mb=1024, max_processes=64,
                           max_file_size_mb=64, max_open_files=256, max_output_bytes=64 << 10,
                           disk_mb=128)
 
