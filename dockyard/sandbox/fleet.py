@@ -127,7 +127,7 @@ def start_local_fleet(config, repos_dir: str | None = None, cache_dir: str | Non
     actors.append(actor_cls.options(
         scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i)
     ).remote(bind, int(sb.port) if not local else 0, slots, int(sb.queue_size), limits,
-             repos_dir, cache_dir or (sb.cache_dir or None)))
+             repos_dir or sb.get("repos_dir") or None, cache_dir or sb.get("cache_dir") or None))
   handle = FleetHandle(actors, pg)
   try:
     urls = ray.get([a.url.remote() for a in actors], timeout=120)
