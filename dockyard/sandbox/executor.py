@@ -15,6 +15,7 @@ import asyncio
 import dataclasses
 import os
 import secrets
+import shlex
 import sys
 import time
 from typing import Any
@@ -253,5 +254,4 @@ def _read(path: str) -> str | None:
 
 
 def _sh(s: str) -> str:
-  import shlex
   return shlex.quote(s)

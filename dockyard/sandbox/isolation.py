@@ -19,7 +19,6 @@ import collections
 import dataclasses
 import json
 import os
-import shlex
 import signal
 import sys
 import tempfile
@@ -345,5 +344,19 @@ async def _kill_and_wait(pid: int, timeout_s: float = 5.0) -> None:
     await asyncio.sleep(0.01)
 
 
-def describe(argv: Sequence[str]) -> str:
-  return " ".join(shlex.quote(a) for a in argv)
+def live_sandbox_processes() -> list[str]:
+  """Live processes of the sandbox uid ("pid name"); none may outlive a run. Zombies are dead
+  and skipped: bwrap's pid 1 exits just after the outer bwrap, and host init reaps it later."""
+  out = []
+  for pid in os.listdir("/proc"):
+    if not pid.isdigit():
+      continue
+    try:
+      with open(f"/proc/{pid}/status") as f:
+        fields = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
+    except OSError:
+      continue
+    if fields.get("Uid", "").split()[:1] == [str(SANDBOX_UID)] and (
+        fields.get("State", "").split()[:1] != ["Z"]):
+      out.append(f"{pid} {fields.get('Name', '').strip()}")
+  return out

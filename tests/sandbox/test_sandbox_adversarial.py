@@ -6,8 +6,8 @@ import textwrap
 
 import pytest
 
-import repo_factory as rf
-from conftest import sandbox_processes
+from dockyard.sandbox import synthetic as rf
+from dockyard.sandbox.isolation import live_sandbox_processes as sandbox_processes
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

@@ -7,7 +7,7 @@ import time
 import httpx
 import pytest
 
-import repo_factory as rf
+from dockyard.sandbox import synthetic as rf
 from dockyard.sandbox.client import SandboxClient
 from dockyard.sandbox.local import start_local_executor
 from dockyard.sandbox.server import make_app

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-import repo_factory as rf
+from dockyard.sandbox import synthetic as rf
 from dockyard.sandbox import grading, integrity
 from dockyard.sandbox.isolation import Limits, Output, _drain
 from dockyard.sandbox.task import TaskError, parse_task

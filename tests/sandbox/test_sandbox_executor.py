@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-import repo_factory as rf
-from conftest import sandbox_processes
+from dockyard.sandbox import synthetic as rf
+from dockyard.sandbox.isolation import live_sandbox_processes as sandbox_processes
 from dockyard.sandbox.executor import Executor
 from dockyard.sandbox.task import TaskError
 
