@@ -1,4 +1,4 @@
-"""A small synthetic git repository for the sandbox tests: a buggy `add`, its fix committed later.
+"""A small synthetic git repository for sandbox tests and benchmarks: a buggy `add`, fixed later.
 
 `make_repo(repos_dir)` creates `<repos_dir>/acme__calc` with two commits: the base (bug present,
 only `test_sub`) and a later "future" commit holding the fix (which must never be reachable from
