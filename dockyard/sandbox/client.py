@@ -59,6 +59,14 @@ class SandboxClient:
                             max_keepalive_connections=max(max_in_flight, 16)))
     self.resubmissions = 0
 
+  @classmethod
+  def from_config(cls, config, urls: Sequence[str] | None = None) -> "SandboxClient":
+    """From `config.env.code` (sandbox_urls, request_timeout_s, max_in_flight); `urls` (e.g.
+    those `start_local_fleet` returned) replace sandbox_urls when given."""
+    code = config.env.code
+    return cls(list(urls or code.sandbox_urls), request_timeout_s=float(code.request_timeout_s),
+               max_in_flight=int(code.max_in_flight))
+
   async def aclose(self) -> None:
     await self._http.aclose()
 

@@ -130,3 +130,14 @@ async def test_drain_keeps_head_and_tail_bounded():
   assert out.tail == b"x" * 1000 + b"T" * 1000
   assert out.total_bytes == 5_002_000 and out.truncated
   assert isinstance(out, Output) and "bytes cut" in out.text()
+
+
+def test_client_from_config_uses_env_code():
+  from configs import swe
+  from dockyard.sandbox.client import SandboxClient
+  config = swe.get_config("full")
+  client = SandboxClient.from_config(config)
+  assert client.urls == ["http://localhost:9090"] and client.request_timeout_s == 600.0
+  with pytest.raises(ValueError, match="urls"):
+    SandboxClient.from_config(swe.get_config("tiny"))   # tiny has no URLs: the local fleet's
+  assert SandboxClient.from_config(swe.get_config("tiny"), urls=["http://h:1"]).urls == ["http://h:1"]
