@@ -171,7 +171,8 @@ class Executor:
     events = grading.parse_events(report)
     found, tamper = grading.statuses(events)
     v.findings += tamper
-    v.findings += grading.run_checks(events, exit_code, canary_id, found)
+    if not timed_out:  # a killed run has no canary result; the timeout is its reason
+      v.findings += grading.run_checks(events, exit_code, canary_id, found)
     v.findings += integrity.run_findings(before, view.snapshot_upper())
     v.tests_status = grading.expected_statuses(found, task.expected_tests)
     v.resolved, v.pass_rate = grading.grade(v.tests_status, task.fail_to_pass, task.pass_to_pass)
@@ -215,7 +216,9 @@ class Executor:
     env = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONPATH": pythonpath,
            "DOCKYARD_REPORT_FD": str(write_fd)}
     argv = [sys.executable, "-m", "pytest", "-p", PLUGIN_NAME, "-p", "no:cacheprovider",
+            # A file that fails to import must not stop the others (or the canary) from running.
             f"--rootdir={WORKDIR}", "-q", "--tb=short", "--color=no",
+            "--continue-on-collection-errors",
             *task.test_files, canary_file]
     ro = [canary_file] + [p for p in task.test_files if os.path.lexists(view.host_path("work", p))]
     report_task = asyncio.ensure_future(_read_fd(read_fd))
