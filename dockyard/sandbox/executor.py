@@ -22,7 +22,7 @@ from typing import Any
 
 from dockyard.sandbox import grading, integrity
 from dockyard.sandbox.cache import RepoCache, RepoError
-from dockyard.sandbox.isolation import INPUT_DIR, WORKDIR, Limits, View, check_host
+from dockyard.sandbox.isolation import WORKDIR, Limits, View, check_host
 from dockyard.sandbox.task import Task, parse_task
 
 __all__ = ["Executor", "Limits"]

@@ -21,7 +21,6 @@ import dataclasses
 import json
 import time
 import uuid
-from typing import Any
 
 import fastapi
 from fastapi.responses import JSONResponse, PlainTextResponse
