@@ -1,1 +1,1 @@
-"""dockyard.refit"""
+"""dockyard.refit: trainer -> engine weight movement (transports, synchronizer, canary)."""

@@ -90,7 +90,7 @@ def check_prompts(prompt_ids: Sequence[Sequence[int]], vocab_size: int) -> list[
   return out
 
 
-def completions_from_output(request_output, version: int, tokenizer=None) -> list[Completion]:
+def completions_from_output(request_output, version: int) -> list[Completion]:
   prompt = list(request_output.prompt_token_ids)
   result = []
   for o in request_output.outputs:

@@ -1,0 +1,37 @@
+"""Session fixtures for the rollout + refit tests: one tiny model, one in-process vLLM engine,
+one local Ray (2 CPUs) with a 2-engine fleet. Heavy parts are built once and shared."""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+import pytest
+
+from configs import swe
+from dockyard.models.tiny import make_tiny_model
+
+
+@pytest.fixture(scope="session")
+def config():
+  c = swe.get_config("tiny")
+  c.rollout.max_model_len = 512
+  return c
+
+
+@pytest.fixture(scope="session")
+def tiny_path():
+  return make_tiny_model()
+
+
+@pytest.fixture(scope="session")
+def engine(config, tiny_path):
+  from dockyard.rollout.vllm_engine import VLLMEngine
+  return VLLMEngine(tiny_path, config.rollout, seed=0)
+
+
+@pytest.fixture()
+def policy(tiny_path):
+  from tests.rollout.hf_policy import HFTorchPolicy
+  return HFTorchPolicy.from_hf(tiny_path)
+
