@@ -106,8 +106,8 @@ class VLLMEngine(Generator):
   """A vLLM `LLM` (in-process core) with dockyard's weight loading and versioning."""
 
   def __init__(self, model_path: str, rollout: Mapping[str, Any], seed: int = 0, version: int = 0):
-    import vllm
     _set_engine_env(rollout)
+    import vllm
     self.model_path = model_path
     self.llm = vllm.LLM(**engine_kwargs(rollout, model_path, seed))
     self.seed = seed
