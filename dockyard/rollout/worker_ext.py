@@ -57,6 +57,8 @@ class WorkerExtension:
     return [name for name, _ in self.model_runner.get_model().named_parameters()]
 
   def _dockyard_reload(self, named: Iterable[tuple[str, np.ndarray]]) -> int:
+    import warnings
+
     import torch
     count = 0
 
@@ -64,7 +66,10 @@ class WorkerExtension:
       nonlocal count
       for name, array in named:
         count += 1
-        yield name, torch.from_numpy(np.array(array, copy=False))
+        with warnings.catch_warnings():
+          # read-only views of rpc bytes: vLLM copies them into its parameters, never writes them
+          warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+          yield name, torch.from_numpy(np.asarray(array))
 
     self.reload_weights(weights_iterator=tensors())
     self._dockyard_refresh_tied_head()

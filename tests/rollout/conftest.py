@@ -35,3 +35,14 @@ def policy(tiny_path):
   from tests.rollout.hf_policy import HFTorchPolicy
   return HFTorchPolicy.from_hf(tiny_path)
 
+
+
+@pytest.fixture(scope="session")
+def fleet(config, tiny_path):
+  """Two engines as Ray actors on a local Ray with 2 CPUs (0.5 CPU per engine bundle)."""
+  from dockyard.rollout.fleet import RolloutFleet
+  c = config.copy_and_resolve_references()
+  c.rollout.num_engines = 2
+  f = RolloutFleet(c, tiny_path, num_cpus=2)
+  yield f
+  f.shutdown()

@@ -1,0 +1,112 @@
+"""The Ray fleet: requests spread over engines, a killed engine is restarted and its requests
+retried, object-store refit reaches every engine, a sync during generation corrupts nothing."""
+import asyncio
+import copy
+import threading
+import time
+
+import numpy as np
+import pytest
+import ray
+
+from dockyard.refit.synchronizer import create_weight_synchronizer
+from dockyard.refit.transports import ObjectStoreTransport
+from dockyard.rollout.base import SamplingParams
+from tests.rollout.hf_policy import batch_of
+from tests.rollout.test_vllm_engine import LOGPROB_TOL
+
+pytestmark = pytest.mark.slow
+PROMPTS = [[5 + i, 6, 7, 8 + i] for i in range(8)]
+
+
+def check_against(policy, completions):
+  """Each completion's sampled logprobs equal the policy's forward on the same tokens."""
+  seqs = [c.prompt_ids + c.token_ids for c in completions]
+  lp = policy.logprobs(batch_of(seqs))
+  for row, c in zip(lp, completions):
+    p = len(c.prompt_ids)
+    np.testing.assert_allclose(c.logprobs, row[p:p + len(c.token_ids)], atol=LOGPROB_TOL)
+
+
+def test_requests_spread_over_engines(fleet):
+  served = list(fleet.served)
+  out = fleet.generate(PROMPTS, n=2, sampling=SamplingParams(max_tokens=4, seed=0))
+  assert [len(g) for g in out] == [2] * len(PROMPTS)
+  assert all(c.prompt_ids == p for p, g in zip(PROMPTS, out) for c in g)
+  assert all(fleet.served[i] > served[i] for i in range(2))
+
+  async def many():
+    return await asyncio.gather(*[fleet.agenerate(p, 2, SamplingParams(max_tokens=4, seed=1)) for p in PROMPTS])
+  served = list(fleet.served)
+  groups = asyncio.run(many())
+  assert [len(g) for g in groups] == [2] * len(PROMPTS)
+  assert all(fleet.served[i] > served[i] for i in range(2))
+
+
+def test_object_store_sync_reaches_every_engine(fleet, policy, config):
+  sync = create_weight_synchronizer(config, policy, fleet)
+  assert isinstance(sync.transport, ObjectStoreTransport)
+  start = sync.version
+  policy.perturb(0.5, seed=11)
+  sync.mark_stale()
+  metrics = sync.prepare_for_generation()
+  assert sync.version == fleet.weight_version == start + 1
+  assert metrics["refit/canary/max_abs_logprob_delta"] <= config.refit.canary.max_abs_logprob_delta
+  out = fleet.generate(PROMPTS, n=1, sampling=SamplingParams(max_tokens=6, seed=2))
+  flat = [c for g in out for c in g]
+  assert {c.weight_version for c in flat} == {start + 1}
+  check_against(policy, flat)
+
+
+def test_killed_engine_is_restarted_and_requests_retried(fleet, policy, config):
+  sync = create_weight_synchronizer(config, policy, fleet)
+  policy.perturb(0.3, seed=12)
+  sync.mark_stale()
+  sync.prepare_for_generation()
+  restarts, pids = fleet.restarts, fleet.engine_pids()
+  result = {}
+  t = threading.Thread(target=lambda: result.setdefault(
+      "out", fleet.generate(PROMPTS, n=4, sampling=SamplingParams(max_tokens=200, seed=3))))
+  t.start()
+  deadline = time.time() + 30
+  while fleet.in_flight[0] == 0 and time.time() < deadline:
+    time.sleep(0.01)
+  time.sleep(0.3)  # the request is inside engine 0 now
+  ray.kill(fleet.actors[0])
+  t.join(timeout=240)
+  assert "out" in result, "generate did not return after the engine was killed"
+  assert fleet.restarts == restarts + 1
+  new_pids = fleet.engine_pids()
+  assert new_pids[0] != pids[0] and new_pids[1] == pids[1]
+  flat = [c for g in result["out"] for c in g]
+  assert len(flat) == 4 * len(PROMPTS)
+  # The restarted engine got the fleet's latest weights, not the checkpoint's.
+  assert {c.weight_version for c in flat} == {sync.version}
+  check_against(policy, flat)
+
+
+def test_sync_during_generation_does_not_corrupt_completed_requests(fleet, policy, config):
+  sync = create_weight_synchronizer(config, policy, fleet)
+  policy.perturb(0.3, seed=13)
+  sync.mark_stale()
+  sync.prepare_for_generation()
+  old_version, old_policy = sync.version, copy.deepcopy(policy)
+  result = {}
+  t = threading.Thread(target=lambda: result.setdefault(
+      "out", fleet.generate(PROMPTS, n=4, sampling=SamplingParams(max_tokens=150, seed=4))))
+  t.start()
+  while sum(fleet.in_flight) == 0 and t.is_alive():
+    time.sleep(0.01)
+  assert t.is_alive(), "generation ended before the sync could overlap it"
+  policy.perturb(0.5, seed=14)  # "the trainer took a step" while the engines are sampling
+  sync.mark_stale()
+  sync.prepare_for_generation()
+  t.join(timeout=240)
+  flat = [c for g in result["out"] for c in g]
+  assert sync.version == old_version + 1
+  # Requests in flight during the sync finish on the weights they started with, labelled so.
+  assert {c.weight_version for c in flat} == {old_version}
+  check_against(old_policy, flat)
+  after = [c for g in fleet.generate(PROMPTS[:2], 2, SamplingParams(max_tokens=6, seed=5)) for c in g]
+  assert {c.weight_version for c in after} == {old_version + 1}
+  check_against(policy, after)
