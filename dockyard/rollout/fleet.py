@@ -220,6 +220,11 @@ class RolloutFleet(Generator):
     self._ray.get([a.load_shared_memory.remote(block_name, index, version) for a in self.actors])
     self._latest_packed, self._version = None, int(version)
 
+  def mark_loaded_out_of_band(self, version: int) -> None:
+    """Weights reached the engines some other way (the NCCL broadcast); restarted engines cannot
+    be given them, so they come back on the checkpoint's weights until the next sync."""
+    self._latest_packed, self._version = None, int(version)
+
   def prepare_for_generation(self) -> None:
     self._ray.get([a.prepare_for_generation.remote() for a in self.actors])
 

@@ -53,6 +53,28 @@ class WorkerExtension:
     """Loads weights from a shared-memory block written by the trainer side (no disk)."""
     return self._dockyard_reload(read_shared_memory(block_name, index))
 
+  def dockyard_group_init(self, host: str, port: int, rank_offset: int, world_size: int, backend: str) -> int:
+    """Joins the trainer's weight-broadcast group (`dockyard.refit.nccl`) as rank_offset + rank."""
+    from dockyard.refit.nccl import GroupBroadcaster
+    rank = rank_offset + int(getattr(self, "rank", 0))
+    device = self.device if backend == "nccl" else None
+    self._dockyard_group = GroupBroadcaster(host, port, rank, world_size, backend, device)
+    return rank
+
+  def dockyard_group_receive(self, meta) -> int:
+    """Receives the broadcast tensors listed in `meta` [(name, torch dtype, shape)] and loads them."""
+    import torch
+    group = getattr(self, "_dockyard_group", None)
+    if group is None:
+      raise RuntimeError("dockyard_group_receive before dockyard_group_init")
+
+    def received():
+      for name, dtype, shape in meta:
+        t = torch.empty(tuple(shape), dtype=getattr(torch, dtype), device=group.device)
+        group.broadcast(t, src=0)
+        yield name, t
+    return self._dockyard_reload_tensors(received())
+
   def dockyard_param_names(self) -> list[str]:
     return [name for name, _ in self.model_runner.get_model().named_parameters()]
 
@@ -60,18 +82,28 @@ class WorkerExtension:
     import warnings
 
     import torch
-    count = 0
 
     def tensors():
-      nonlocal count
       for name, array in named:
-        count += 1
         with warnings.catch_warnings():
           # read-only views of rpc bytes: vLLM copies them into its parameters, never writes them
           warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
           yield name, torch.from_numpy(np.asarray(array))
+    return self._dockyard_reload_tensors(tensors())
 
-    self.reload_weights(weights_iterator=tensors())
+  def _dockyard_reload_tensors(self, named) -> int:
+    count = 0
+
+    def counted():
+      nonlocal count
+      for item in named:
+        count += 1
+        yield item
+    self.reload_weights(weights_iterator=counted())
+    # reload_weights may stop early on an unknown name; an unconsumed broadcast would hang the
+    # sender, and a partial load must not pass as a sync.
+    for _ in counted():
+      pass
     self._dockyard_refresh_tied_head()
     return count
 

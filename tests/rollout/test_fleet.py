@@ -110,3 +110,32 @@ def test_sync_during_generation_does_not_corrupt_completed_requests(fleet, polic
   after = [c for g in fleet.generate(PROMPTS[:2], 2, SamplingParams(max_tokens=6, seed=5)) for c in g]
   assert {c.weight_version for c in after} == {old_version + 1}
   check_against(policy, after)
+
+
+def test_collective_transport_over_gloo_with_jax_arrays(fleet, policy, config):
+  """The NCCL transport's protocol (stateless group, metadata, streamed broadcast, DLPack) on
+  CPU through its gloo stand-in; the trainer side hands over jax arrays, as the JAX policy will."""
+  import jax.numpy as jnp
+  from dockyard.refit.canary import RefitCanary
+  from dockyard.refit.nccl import NcclTransport
+  from dockyard.refit.synchronizer import WeightSynchronizer
+
+  class JaxArrays:
+    def named_weights(self):
+      return ((n, jnp.asarray(a)) for n, a in policy.named_weights())
+
+    def logprobs(self, batch):
+      return policy.logprobs(batch)
+
+  transport = NcclTransport(fleet)
+  assert transport.backend == "gloo"
+  canary = RefitCanary.random(fleet.vocab_size, config.refit.canary.max_abs_logprob_delta)
+  sync = WeightSynchronizer(JaxArrays(), fleet, transport, canary)
+  for seed in (21, 22):  # the second sync reuses the group
+    policy.perturb(0.5, seed=seed)
+    metrics = sync.sync_weights()
+    assert metrics["refit/canary/max_abs_logprob_delta"] <= canary.max_abs_logprob_delta
+  assert fleet.weight_version == sync.version
+  out = [c for g in fleet.generate(PROMPTS[:2], 2, SamplingParams(max_tokens=6, seed=6)) for c in g]
+  assert {c.weight_version for c in out} == {sync.version}
+  check_against(policy, out)
