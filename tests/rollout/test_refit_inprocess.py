@@ -110,3 +110,24 @@ def test_version_must_increase_and_bad_names_fail(engine, policy, config):
     make_transport("object_store", engine)
   with pytest.raises(ValueError, match="must be > 0"):
     RefitCanary.random(10, 0.0)
+
+
+def test_http_transport_into_a_receiver(engine, policy, config):
+  import httpx
+  from dockyard.refit.http_receiver import serve_in_thread
+  from dockyard.refit.transports import HttpTransport
+  server, url = serve_in_thread(engine)
+  try:
+    canary = RefitCanary.random(engine.vocab_size, config.refit.canary.max_abs_logprob_delta)
+    sync = WeightSynchronizer(policy, engine, HttpTransport([url]), canary)
+    policy.perturb(0.5, seed=4)
+    metrics = sync.sync_weights()
+    assert httpx.get(f"{url}/version").json() == {"version": sync.version}
+    assert metrics["refit/canary/max_abs_logprob_delta"] <= canary.max_abs_logprob_delta
+    engine_matches(engine, policy)
+    r = httpx.post(f"{url}/weights", params={"version": sync.version + 1}, content=b"not safetensors")
+    assert r.status_code == 400 and "safetensors" in r.text
+    with pytest.raises(RuntimeError, match="HTTP 409.*must increase"):
+      HttpTransport([url]).send(policy.named_weights(), sync.version)
+  finally:
+    server.should_exit = True
