@@ -46,3 +46,10 @@ def fleet(config, tiny_path):
   f = RolloutFleet(c, tiny_path, num_cpus=2)
   yield f
   f.shutdown()
+
+
+@pytest.fixture()
+def synced_policy(engine, policy):
+  """A fresh policy whose weights the shared engine has loaded (other tests leave theirs behind)."""
+  engine.update_weights(policy.named_weights(), engine.weight_version + 1)
+  return policy

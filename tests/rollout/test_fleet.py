@@ -2,12 +2,14 @@
 retried, object-store refit reaches every engine, a sync during generation corrupts nothing."""
 import asyncio
 import copy
+import os
 import threading
 import time
 
 import numpy as np
 import pytest
 import ray
+import torch
 
 from dockyard.refit.synchronizer import create_weight_synchronizer
 from dockyard.refit.transports import ObjectStoreTransport
@@ -127,8 +129,10 @@ def test_collective_transport_over_gloo_with_jax_arrays(fleet, policy, config):
     def logprobs(self, batch):
       return policy.logprobs(batch)
 
-  transport = NcclTransport(fleet)
-  assert transport.backend == "gloo"
+  # On a GPU box DOCKYARD_REFIT_BACKEND=nccl runs the same check over NCCL (docs/hardware-validation.md).
+  backend = os.environ.get("DOCKYARD_REFIT_BACKEND") or None
+  transport = NcclTransport(fleet, backend=backend)
+  assert transport.backend == (backend or ("nccl" if torch.cuda.is_available() else "gloo"))
   canary = RefitCanary.random(fleet.vocab_size, config.refit.canary.max_abs_logprob_delta)
   sync = WeightSynchronizer(JaxArrays(), fleet, transport, canary)
   for seed in (21, 22):  # the second sync reuses the group

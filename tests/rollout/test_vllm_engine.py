@@ -34,7 +34,8 @@ def test_sampled_completions_have_ids_logprobs_reason_version(engine):
 
 
 @pytest.mark.slow
-def test_greedy_and_logprobs_match_hf_forward(engine, policy):
+def test_greedy_and_logprobs_match_hf_forward(engine, synced_policy):
+  policy = synced_policy
   out = engine.generate(PROMPTS, n=1, sampling=SamplingParams(temperature=0.0, max_tokens=8))
   for prompt, (c,) in zip(PROMPTS, out):
     assert c.token_ids == hf_greedy(policy, prompt, len(c.token_ids))
@@ -44,7 +45,8 @@ def test_greedy_and_logprobs_match_hf_forward(engine, policy):
 
 
 @pytest.mark.slow
-def test_prompt_logprobs_match_hf(engine, policy):
+def test_prompt_logprobs_match_hf(engine, synced_policy):
+  policy = synced_policy
   seqs = [[3, 40, 41, 500, 7, 9, 11], [12, 13]]
   got = engine.prompt_logprobs(seqs)
   want = policy.logprobs(batch_of(seqs))
