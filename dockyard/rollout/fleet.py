@@ -9,7 +9,9 @@ Ray is started locally unless `config.run.ray_address` names a cluster.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
+import queue
 import threading
 from typing import Any, Iterable, Sequence
 
@@ -20,21 +22,52 @@ from dockyard.ray_utils import init_ray
 from dockyard.rollout import worker_ext
 from dockyard.rollout.base import Completion, Generator, SamplingParams
 
+MAX_CONCURRENCY = 64   # actor threads: queued generate calls + weight loads + scoring
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(dockyard.__file__)))
 
 
 class EngineActorImpl:
-  """The body of one engine actor: a `VLLMEngine` in the actor's process."""
+  """The body of one engine actor: a `VLLMEngine` in the actor's process.
+
+  Calls arrive on up to `MAX_CONCURRENCY` threads; generate requests are queued and one batcher
+  thread hands everything queued to vLLM as one batch, so many small `agenerate` calls in flight
+  share the engine's continuous batching instead of running one after another.
+  """
 
   def __init__(self, model_path: str, rollout: dict, seed: int, version: int):
     from dockyard.rollout.vllm_engine import VLLMEngine
     self.engine = VLLMEngine(model_path, rollout, seed=seed, version=version)
+    self.batches = 0
+    self._queue: queue.Queue = queue.Queue()
+    threading.Thread(target=self._batch_loop, daemon=True).start()
 
   def info(self) -> dict:
-    return {"pid": os.getpid(), "version": self.engine.weight_version, "vocab_size": self.engine.vocab_size}
+    return {"pid": os.getpid(), "version": self.engine.weight_version, "vocab_size": self.engine.vocab_size,
+            "batches": self.batches}
 
   def generate(self, prompts, n, sampling):
-    return self.engine.generate(prompts, n, sampling)
+    self.engine.check_request(prompts, n, sampling)  # a bad request fails alone, not its batch
+    done = concurrent.futures.Future()
+    self._queue.put(((prompts, n, sampling), done))
+    return done.result()
+
+  def _batch_loop(self):
+    while True:
+      items = [self._queue.get()]
+      while True:
+        try:
+          items.append(self._queue.get_nowait())
+        except queue.Empty:
+          break
+      try:
+        outs = self.engine.generate_many([request for request, _ in items])
+        self.batches += 1
+      except BaseException as e:  # hand the failure to every caller of this batch
+        for _, done in items:
+          done.set_exception(e)
+        continue
+      for (_, done), out in zip(items, outs):
+        done.set_result(out)
 
   def prompt_logprobs(self, sequences):
     return self.engine.prompt_logprobs(sequences)
@@ -77,6 +110,8 @@ class RolloutFleet(Generator):
     n = int(self.rollout["num_engines"])
     if n < 1:
       raise ValueError(f"config.rollout.num_engines must be >= 1, got {n}")
+    if not float(self.rollout["cpus_per_engine"]) > 0:
+      raise ValueError(f"config.rollout.cpus_per_engine must be > 0, got {self.rollout['cpus_per_engine']}")
     self.model_path = model_path
     self.seed = int(config.run.seed)
     self.on_gpu = int(config.cluster.accelerators_per_node) > 0
@@ -106,7 +141,7 @@ class RolloutFleet(Generator):
            "PYTHONPATH": os.pathsep.join(p for p in (_REPO_ROOT, os.environ.get("PYTHONPATH", "")) if p)}
     cls = self._ray.remote(EngineActorImpl)
     return cls.options(
-        name=None, max_concurrency=8, max_restarts=0, runtime_env={"env_vars": env},
+        name=None, max_concurrency=MAX_CONCURRENCY, max_restarts=0, runtime_env={"env_vars": env},
         scheduling_strategy=PlacementGroupSchedulingStrategy(
             placement_group=self.placement_groups[i], placement_group_bundle_index=0,
             placement_group_capture_child_tasks=True),
@@ -132,8 +167,12 @@ class RolloutFleet(Generator):
       self.actors[i] = actor
       self.in_flight[i] = 0
 
+  def engine_info(self) -> list[dict]:
+    """Per engine: pid, weight version, vocab size, vLLM batches run."""
+    return self._ray.get([a.info.remote() for a in self.actors])
+
   def engine_pids(self) -> list[int]:
-    return [info["pid"] for info in self._ray.get([a.info.remote() for a in self.actors])]
+    return [info["pid"] for info in self.engine_info()]
 
   # -- Generator -------------------------------------------------------------------------------
   @property

@@ -124,12 +124,26 @@ class VLLMEngine(Generator):
 
   def generate(self, prompt_ids: Sequence[Sequence[int]], n: int,
                sampling: SamplingParams) -> list[list[Completion]]:
-    prompts = check_prompts(prompt_ids, self.vocab_size)
-    params = to_vllm_sampling(sampling, n)
+    return self.generate_many([(prompt_ids, n, sampling)])[0]
+
+  def check_request(self, prompt_ids, n: int, sampling: SamplingParams):
+    """(prompts, vllm params) for one request; raises ValueError naming what is wrong."""
+    return check_prompts(prompt_ids, self.vocab_size), to_vllm_sampling(sampling, n)
+
+  def generate_many(self, requests: Sequence[tuple]) -> list[list[list[Completion]]]:
+    """Several (prompt_ids, n, sampling) requests in ONE vLLM batch (continuous batching over
+    all of them); per request, per prompt, its n completions."""
+    checked = [self.check_request(*r) for r in requests]
+    prompts = [{"prompt_token_ids": p} for ps, _ in checked for p in ps]
+    params = [vp for ps, vp in checked for _ in ps]
     with self._lock:
       version = self._version
-      outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    return [completions_from_output(o, version) for o in outputs]
+      outputs = self.llm.generate(prompts, params, use_tqdm=False)
+    result, k = [], 0
+    for ps, _ in checked:
+      result.append([completions_from_output(o, version) for o in outputs[k:k + len(ps)]])
+      k += len(ps)
+    return result
 
   def prompt_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[np.ndarray]:
     """Per sequence, [T] logprobs of each token given the ones before it (entry 0 is 0)."""

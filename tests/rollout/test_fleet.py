@@ -40,9 +40,23 @@ def test_requests_spread_over_engines(fleet):
   async def many():
     return await asyncio.gather(*[fleet.agenerate(p, 2, SamplingParams(max_tokens=4, seed=1)) for p in PROMPTS])
   served = list(fleet.served)
+  batches = sum(i["batches"] for i in fleet.engine_info())
   groups = asyncio.run(many())
   assert [len(g) for g in groups] == [2] * len(PROMPTS)
+  assert all(g[0].prompt_ids == p for p, g in zip(PROMPTS, groups))
   assert all(fleet.served[i] > served[i] for i in range(2))
+  # 8 requests in flight at once are batched together inside the engines, not run one by one.
+  assert sum(i["batches"] for i in fleet.engine_info()) - batches < len(PROMPTS)
+
+
+def test_bad_request_fails_alone_with_a_clear_error(fleet):
+  async def mixed():
+    return await asyncio.gather(fleet.agenerate([1, 2, 3], 1, SamplingParams(max_tokens=2)),
+                                fleet.agenerate([1, 99999], 1, SamplingParams(max_tokens=2)),
+                                return_exceptions=True)
+  good, bad = asyncio.run(mixed())
+  assert len(good) == 1 and good[0].prompt_ids == [1, 2, 3]
+  assert isinstance(bad, ValueError) and "outside [0, 1024)" in str(bad)
 
 
 def test_object_store_sync_reaches_every_engine(fleet, policy, config):
