@@ -45,9 +45,10 @@ def read_shared_memory(block_name: str, index: list[tuple[str, int, str, tuple[i
 class WorkerExtension:
   """Mixed into vLLM's worker class; `self` is the worker (has `model_runner`, `device`)."""
 
-  def dockyard_load_weights(self, packed) -> int:
-    """Loads packed (name, bytes, dtype, shape) weights; returns the number of tensors loaded."""
-    return self._dockyard_reload(unpack_weights(packed))
+  def dockyard_load_weights(self, packed, refresh_tied_head: bool = True) -> int:
+    """Loads packed (name, bytes, dtype, shape) weights; returns the number of tensors loaded.
+    `refresh_tied_head=False` reproduces the stale-lm_head bug (for the canary's test only)."""
+    return self._dockyard_reload(unpack_weights(packed), refresh_tied_head)
 
   def dockyard_load_shared_memory(self, block_name: str, index) -> int:
     """Loads weights from a shared-memory block written by the trainer side (no disk)."""
@@ -78,7 +79,7 @@ class WorkerExtension:
   def dockyard_param_names(self) -> list[str]:
     return [name for name, _ in self.model_runner.get_model().named_parameters()]
 
-  def _dockyard_reload(self, named: Iterable[tuple[str, np.ndarray]]) -> int:
+  def _dockyard_reload(self, named: Iterable[tuple[str, np.ndarray]], refresh_tied_head: bool = True) -> int:
     import warnings
 
     import torch
@@ -89,9 +90,9 @@ class WorkerExtension:
           # read-only views of rpc bytes: vLLM copies them into its parameters, never writes them
           warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
           yield name, torch.from_numpy(np.asarray(array))
-    return self._dockyard_reload_tensors(tensors())
+    return self._dockyard_reload_tensors(tensors(), refresh_tied_head)
 
-  def _dockyard_reload_tensors(self, named) -> int:
+  def _dockyard_reload_tensors(self, named, refresh_tied_head: bool = True) -> int:
     count = 0
 
     def counted():
@@ -104,7 +105,8 @@ class WorkerExtension:
     # sender, and a partial load must not pass as a sync.
     for _ in counted():
       pass
-    self._dockyard_refresh_tied_head()
+    if refresh_tied_head:
+      self._dockyard_refresh_tied_head()
     return count
 
   def _dockyard_refresh_tied_head(self) -> None:

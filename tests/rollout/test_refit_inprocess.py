@@ -131,3 +131,17 @@ def test_http_transport_into_a_receiver(engine, policy, config):
       HttpTransport([url]).send(policy.named_weights(), sync.version)
   finally:
     server.should_exit = True
+
+
+def test_canary_catches_a_stale_tied_lm_head(engine, policy, config):
+  """The real CPU-vLLM bug (STACK.md): after a reload the packed tied lm_head keeps the old
+  embedding unless it is re-processed. Loading without that step must trip the canary."""
+  from dockyard.rollout.worker_ext import pack_weights
+  canary = RefitCanary.random(engine.vocab_size, config.refit.canary.max_abs_logprob_delta)
+  policy.perturb(0.5, seed=8)
+  engine.collective_rpc("dockyard_load_weights", (pack_weights(policy.named_weights()), False))
+  engine.set_version(engine.weight_version + 1)
+  with pytest.raises(RefitCanaryError):
+    canary.check(policy, engine)
+  sync = WeightSynchronizer(policy, engine, InProcessTransport(engine), canary)
+  assert sync.sync_weights()["refit/canary/max_abs_logprob_delta"] <= canary.max_abs_logprob_delta
