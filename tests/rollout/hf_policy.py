@@ -12,6 +12,9 @@ import transformers
 
 from dockyard.policy import Policy, TrainBatch
 
+# fp32 on CPU: vLLM and HF differ only by kernel summation order (~1e-6 measured); 1e-4 leaves room.
+LOGPROB_TOL = 1e-4
+
 
 class HFTorchPolicy(Policy):
 
@@ -90,3 +93,11 @@ def batch_of(sequences) -> TrainBatch:
     ids[i, :len(s)] = s
     mask[i, :len(s)] = 1
   return TrainBatch(input_ids=ids, attention_mask=mask, loss_mask=mask.copy())
+
+
+def hf_greedy(policy: HFTorchPolicy, prompt, max_new_tokens: int) -> list[int]:
+  """The HF model's greedy continuation (EOS not special, like a length-capped vLLM request)."""
+  ids = torch.tensor([prompt])
+  out = policy.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                              do_sample=False, eos_token_id=None, pad_token_id=0)
+  return out[0, len(prompt):].tolist()

@@ -7,8 +7,7 @@ from dockyard.refit.synchronizer import (WeightSynchronizer, create_weight_synch
                                          make_transport, pick_transport_name)
 from dockyard.refit.transports import InProcessTransport, SharedMemoryTransport
 from dockyard.rollout.base import SamplingParams
-from tests.rollout.hf_policy import batch_of
-from tests.rollout.test_vllm_engine import LOGPROB_TOL, hf_greedy
+from tests.rollout.hf_policy import LOGPROB_TOL, batch_of, hf_greedy
 
 pytestmark = pytest.mark.slow
 

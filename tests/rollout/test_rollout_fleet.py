@@ -14,8 +14,7 @@ import torch
 from dockyard.refit.synchronizer import create_weight_synchronizer
 from dockyard.refit.transports import ObjectStoreTransport
 from dockyard.rollout.base import SamplingParams
-from tests.rollout.hf_policy import batch_of
-from tests.rollout.test_vllm_engine import LOGPROB_TOL
+from tests.rollout.hf_policy import LOGPROB_TOL, batch_of
 
 pytestmark = pytest.mark.slow
 PROMPTS = [[5 + i, 6, 7, 8 + i] for i in range(8)]

@@ -1,23 +1,13 @@
 """The in-process vLLM engine against the HF forward of the same tiny checkpoint."""
 import numpy as np
 import pytest
-import torch
 import transformers
 
 from dockyard.rollout.base import SamplingParams
 from dockyard.rollout.chat import chat_prompt_ids
-from tests.rollout.hf_policy import batch_of
+from tests.rollout.hf_policy import LOGPROB_TOL, batch_of, hf_greedy
 
-# fp32 on CPU: vLLM and HF differ only by kernel summation order (~1e-6 measured); 1e-4 leaves room.
-LOGPROB_TOL = 1e-4
 PROMPTS = [[5, 6, 7, 8, 9], [100, 200, 300]]
-
-
-def hf_greedy(policy, prompt, max_new_tokens):
-  ids = torch.tensor([prompt])
-  out = policy.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                              do_sample=False, eos_token_id=None, pad_token_id=0)
-  return out[0, len(prompt):].tolist()
 
 
 @pytest.mark.slow
