@@ -38,12 +38,13 @@ class EngineActorImpl:
     from dockyard.rollout.vllm_engine import VLLMEngine
     self.engine = VLLMEngine(model_path, rollout, seed=seed, version=version)
     self.batches = 0
+    self.in_batch = 0      # requests inside the running vLLM batch
     self._queue: queue.Queue = queue.Queue()
     threading.Thread(target=self._batch_loop, daemon=True).start()
 
   def info(self) -> dict:
     return {"pid": os.getpid(), "version": self.engine.weight_version, "vocab_size": self.engine.vocab_size,
-            "batches": self.batches}
+            "batches": self.batches, "in_batch": self.in_batch}
 
   def generate(self, prompts, n, sampling):
     self.engine.check_request(prompts, n, sampling)  # a bad request fails alone, not its batch
@@ -59,6 +60,7 @@ class EngineActorImpl:
           items.append(self._queue.get_nowait())
         except queue.Empty:
           break
+      self.in_batch = len(items)
       try:
         outs = self.engine.generate_many([request for request, _ in items])
         self.batches += 1
@@ -66,6 +68,8 @@ class EngineActorImpl:
         for _, done in items:
           done.set_exception(e)
         continue
+      finally:
+        self.in_batch = 0
       for (_, done), out in zip(items, outs):
         done.set_result(out)
 

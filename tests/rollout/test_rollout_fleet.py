@@ -110,8 +110,9 @@ def test_sync_during_generation_does_not_corrupt_completed_requests(fleet, polic
   t = threading.Thread(target=lambda: result.setdefault(
       "out", fleet.generate(PROMPTS, n=4, sampling=SamplingParams(max_tokens=150, seed=4))))
   t.start()
-  while sum(fleet.in_flight) == 0 and t.is_alive():
-    time.sleep(0.01)
+  # Wait until every engine is inside its vLLM batch (not merely sent the request).
+  while t.is_alive() and not all(i["in_batch"] > 0 for i in fleet.engine_info()):
+    time.sleep(0.02)
   assert t.is_alive(), "generation ended before the sync could overlap it"
   policy.perturb(0.5, seed=14)  # "the trainer took a step" while the engines are sampling
   sync.mark_stale()
@@ -156,3 +157,15 @@ def test_collective_transport_over_gloo_with_jax_arrays(fleet, policy, config):
   out = [c for g in fleet.generate(PROMPTS[:2], 2, SamplingParams(max_tokens=6, seed=6)) for c in g]
   assert {c.weight_version for c in out} == {sync.version}
   check_against(policy, out)
+
+
+def test_shared_memory_sync_into_the_fleet(fleet, policy, config):
+  from dockyard.refit.transports import SharedMemoryTransport
+  c = config.copy_and_resolve_references()
+  c.refit.transport = "shared_memory"
+  sync = create_weight_synchronizer(c, policy, fleet)
+  assert isinstance(sync.transport, SharedMemoryTransport)
+  policy.perturb(0.5, seed=31)
+  metrics = sync.sync_weights()
+  assert metrics["refit/canary/max_abs_logprob_delta"] <= c.refit.canary.max_abs_logprob_delta
+  assert {i["version"] for i in fleet.engine_info()} == {sync.version}
