@@ -83,11 +83,11 @@ def test_killed_engine_is_restarted_and_requests_retried(fleet, policy, config):
   t = threading.Thread(target=lambda: result.setdefault(
       "out", fleet.generate(PROMPTS, n=4, sampling=SamplingParams(max_tokens=200, seed=3))))
   t.start()
-  deadline = time.time() + 30
-  while fleet.in_flight[0] == 0 and time.time() < deadline:
-    time.sleep(0.01)
-  time.sleep(0.3)  # the request is inside engine 0 now
-  ray.kill(fleet.actors[0])
+  deadline = time.time() + 60
+  while t.is_alive() and time.time() < deadline and fleet.engine_info()[0]["in_batch"] == 0:
+    time.sleep(0.02)
+  assert t.is_alive(), "generation ended before the engine could be killed mid-request"
+  ray.kill(fleet.actors[0])  # engine 0 is inside its vLLM batch now
   t.join(timeout=240)
   assert "out" in result, "generate did not return after the engine was killed"
   assert fleet.restarts == restarts + 1
