@@ -150,6 +150,8 @@ def get_config(arg=None):
   # rollout: vLLM engines on Ray.
   c.rollout = dict(
       num_engines=1,
+      cpus_per_engine=4.0 if full else 0.5,   # Ray CPUs per engine bundle (placement group)
+      max_restarts=3,                         # per fleet call: engine restarts before giving up
       tensor_parallel_size=8 if full else 1,
       max_model_len=16384 if full else 2048,
       dtype="bfloat16" if full else "float32",
