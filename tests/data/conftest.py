@@ -27,3 +27,4 @@ def swe_repos(tmp_path_factory, tiny_tasks):
   repos_dir = str(tmp_path_factory.mktemp("repos"))
   paths = repos.ensure_repos(MANIFEST, [t.to_dict() for t in tiny_tasks], repos_dir)
   return repos_dir, paths
+
