@@ -246,8 +246,9 @@ class PackageBuilder:
     cands = candidate_order(ms, rng, self.opts.max_candidates)
     log(f"{self.pkg.name}: {len(ms)} possible mutations, trying up to {len(cands)}")
     tasks, tried = [], 0
+    max_kept = min(self.opts.max_kept, self.pkg.max_kept or self.opts.max_kept)
     for m in cands:
-      if len(tasks) >= self.opts.max_kept:
+      if len(tasks) >= max_kept:
         break
       tried += 1
       t = time.time()
