@@ -2,7 +2,7 @@ r"""Builds dockyard's offline SWE task set (SWE-bench schema) from pinned PyPI s
 
   python -m dockyard.data.build_swe_tasks                      # build data/swe/ (seed 0)
   python -m dockyard.data.build_swe_tasks --setup-repos        # only make the git repos the tasks need
-  python -m dockyard.data.build_swe_tasks --out /tmp/swe && diff -r /tmp/swe data/swe   # reproduce
+  python -m dockyard.data.build_swe_tasks --out /tmp/swe --work-dir /tmp/swe_work --fresh   # reproduce
 
 Per package (data/swe/packages.json): fetch the sdist (pip, sha256-pinned), commit it as the
 pristine tree of `<repos_dir>/<owner>__<name>`, run its tests 3 times (flaky tests are never
@@ -48,8 +48,8 @@ class Options:
   seed: int = 0
   repos_dir: str = ""
   work_dir: str = ""
-  max_candidates: int = 90      # per package
-  max_kept: int = 45            # per package
+  max_candidates: int = 80      # per package
+  max_kept: int = 40            # per package (packages.json may lower it)
   runs: int = 3
   timeout_s: float = 60.0
   tiny_size: int = 20

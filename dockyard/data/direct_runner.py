@@ -11,7 +11,6 @@ import dataclasses
 import json
 import os
 import resource
-import shutil
 import signal
 import subprocess
 import sys
@@ -99,7 +98,3 @@ def check_not_shadowed(tree: str, module: str) -> str:
                        "under test is shadowed")
   return out
 
-
-def copy_tree(src: str, dst: str) -> str:
-  shutil.copytree(src, dst, ignore=shutil.ignore_patterns(".git", "__pycache__"))
-  return dst
