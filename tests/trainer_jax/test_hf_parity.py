@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from flax import nnx
 
 from dockyard.trainer_jax import hf_io
 
@@ -23,10 +24,15 @@ def _ids(vocab, shape, seed=0):
   return np.random.default_rng(seed).integers(0, vocab, shape).astype(np.int32)
 
 
+@nnx.jit
+def _forward(model, ids, mask):
+  return model(ids, mask)
+
+
 def _check_parity(path, t=40):
   model = hf_io.from_hf(path)
   ids = _ids(model.config.vocab_size, (2, t))
-  ours = np.asarray(model(ids))
+  ours = np.asarray(_forward(model, ids, np.ones_like(ids)))
   theirs, torch_model = _torch_logits(path, ids)
   diff = np.abs(ours - theirs).max()
   assert diff <= TOL, f"max |logits diff| {diff} > {TOL} for {path}"
@@ -80,19 +86,25 @@ def test_save_hf_round_trip_is_bit_identical(tiny_models, family, tmp_path):
 
 def test_logprobs_ignore_right_padding(tiny_models):
   """Padding after a sequence must not change its tokens' logprobs (checked against torch too)."""
-  from dockyard.trainer_jax.model import token_logprobs
+  from dockyard.trainer_jax.train import logprob_step
   model = hf_io.from_hf(tiny_models["qwen2"])
   ids = _ids(model.config.vocab_size, (3, 24), seed=3)
+  garbage = _ids(model.config.vocab_size, (3, 24), seed=4)
   mask = np.ones_like(ids)
   lengths = [24, 13, 5]
   for i, n in enumerate(lengths):
     ids[i, n:] = 0
+    garbage[i, :n] = ids[i, :n]
     mask[i, n:] = 0
-  batched = np.asarray(token_logprobs(model(ids, mask), ids))
+  batched = np.asarray(logprob_step(model, ids, mask))
   assert np.all(batched[:, 0] == 0)
+  # Whatever sits in the padding, the real tokens' logprobs are the same.
+  other = np.asarray(logprob_step(model, garbage, mask))
   for i, n in enumerate(lengths):
-    alone = np.asarray(token_logprobs(model(ids[i:i + 1, :n]), ids[i:i + 1, :n]))[0]
-    np.testing.assert_allclose(batched[i, :n], alone, atol=1e-5)
+    np.testing.assert_allclose(other[i, :n], batched[i, :n], atol=1e-6)
+  # And the shortest row alone, unpadded, agrees with its padded self.
+  alone = np.asarray(logprob_step(model, ids[2:, :5], mask[2:, :5]))[0]
+  np.testing.assert_allclose(batched[2, :5], alone, atol=1e-5)
   logits, _ = _torch_logits(tiny_models["qwen2"], ids, mask)
   ref = torch.log_softmax(torch.tensor(logits[:, :-1]), -1).gather(-1, torch.tensor(ids[:, 1:, None]).long())[..., 0]
   for i, n in enumerate(lengths):
