@@ -41,7 +41,8 @@ def _get(config, path: str, default):
 
 class JaxPolicy(Policy):
   def __init__(self, model, optimizer, mesh, rules, optim: Mapping[str, Any], total_steps: int,
-               *, micro_batch_size: int, bucket: int = 64, source_dir: str | None = None):
+               *, micro_batch_size: int, bucket: int = 64, source_dir: str | None = None,
+               checkpoint_config=None):
     self.model, self.optimizer, self.mesh, self.rules = model, optimizer, mesh, tuple(rules)
     self.optim, self.total_steps = dict(optim), int(total_steps)
     self.micro_batch_size, self.bucket, self.source_dir = int(micro_batch_size), int(bucket), source_dir
@@ -49,6 +50,7 @@ class JaxPolicy(Policy):
     if self.micro_batch_size % batch_axes:
       raise ValueError(f"config.optim.micro_batch_size={self.micro_batch_size} must be a multiple of "
                        f"the mesh's batch axes size ({batch_axes}), which split each micro-batch")
+    self.checkpoint_config = checkpoint_config  # config.checkpoint: best-k retention for `save`
     self._checkpointers: dict[str, Checkpointer] = {}
 
   @classmethod
@@ -65,7 +67,8 @@ class JaxPolicy(Policy):
     optimizer = train.make_optimizer(model, config.optim, total, mesh)
     return cls(model, optimizer, mesh, rules, config.optim, total,
                micro_batch_size=int(config.optim.micro_batch_size),
-               bucket=int(_get(config, "policy.seq_bucket", 64)), source_dir=path)
+               bucket=int(_get(config, "policy.seq_bucket", 64)), source_dir=path,
+               checkpoint_config=_get(config, "checkpoint", None))
 
   # --- batches -------------------------------------------------------------------------------
 
@@ -135,26 +138,26 @@ class JaxPolicy(Policy):
   def save_hf(self, path: str, **kw) -> None:
     hf_io.save_hf(self.model, path, self.source_dir, **kw)
 
-  def _checkpointer(self, directory: str, **kw) -> Checkpointer:
+  def checkpointer(self, directory: str) -> Checkpointer:
+    """The (cached) manager of `directory`: the newest checkpoint, plus the best
+    `checkpoint.keep_top_k` by `checkpoint.metric` among saves that pass metrics."""
     key = os.path.abspath(directory)
     if key not in self._checkpointers:
+      c = self.checkpoint_config
+      kw = {} if c is None else dict(keep_top_k=int(c.keep_top_k), metric=c.metric,
+                                     metric_mode=c.metric_mode)
       self._checkpointers[key] = Checkpointer(directory, **kw)
     return self._checkpointers[key]
 
-  def checkpointer(self, directory: str, checkpoint_config=None) -> Checkpointer:
-    """The (cached) manager of `directory`, with best-k retention from `config.checkpoint`."""
-    kw = {}
-    if checkpoint_config is not None:
-      kw = dict(keep_top_k=int(checkpoint_config.keep_top_k), metric=checkpoint_config.metric,
-                metric_mode=checkpoint_config.metric_mode)
-    return self._checkpointer(directory, **kw)
-
   def save(self, directory: str, *, data_iter=None, metrics=None) -> None:
-    self._checkpointer(directory).save(self.step, self.model, self.optimizer, data_iter=data_iter,
-                                       metrics=metrics)
+    """Saves weights, optimizer, step (+ the grain iterator). `metrics`, when given, must hold
+    `checkpoint.metric`: it ranks this checkpoint for best-k retention."""
+    self.checkpointer(directory).save(self.step, self.model, self.optimizer, data_iter=data_iter,
+                                      metrics=metrics)
 
   def restore(self, directory: str, *, data_iter=None, step: int | None = None) -> dict:
-    return self._checkpointer(directory).restore(self.model, self.optimizer, step=step, data_iter=data_iter)
+    """Restores the newest checkpoint (or `step`) in place; returns its bookkeeping JSON."""
+    return self.checkpointer(directory).restore(self.model, self.optimizer, step=step, data_iter=data_iter)
 
   @property
   def step(self) -> int:

@@ -86,15 +86,22 @@ def test_restore_brings_back_weights_and_optimizer(tiny_models, config, tmp_path
   ids = np.random.default_rng(0).integers(0, 1024, (8, 20)).astype(np.int32)
   batch = TrainBatch(ids, np.ones_like(ids), np.ones_like(ids))
   policy.train_step(batch, masked_nll)
-  policy.save(str(tmp_path))
+  # Ranked by config.checkpoint.metric (best-k); the policy's step numbers the checkpoint.
+  policy.save(str(tmp_path), metrics={config.checkpoint.metric: 0.25})
+  assert policy.checkpointer(str(tmp_path)).all_steps() == [1]
   saved = dict(policy.named_weights())
-  policy.train_step(batch, masked_nll)
+  after_save = policy.train_step(batch, masked_nll)
+  after_save_weights = dict(policy.named_weights())
   policy.train_step(batch, masked_nll)
   assert policy.step == 3
   policy.restore(str(tmp_path))
   assert policy.step == 1
   for name, arr in policy.named_weights():
     np.testing.assert_array_equal(arr, saved[name], err_msg=name)
+  # The Adam moments and step came back too: the next step repeats the first post-save step.
+  assert policy.train_step(batch, masked_nll) == after_save
+  for name, arr in policy.named_weights():
+    np.testing.assert_array_equal(arr, after_save_weights[name], err_msg=name)
 
 
 def test_grain_pipeline_shards_shuffles_and_resumes():
