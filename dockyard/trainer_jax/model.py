@@ -101,19 +101,14 @@ class Attention(nnx.Module):
       self.q_norm = self.k_norm = None
     self.num_kv_heads, self.head_dim = c.num_kv_heads, c.head_dim
 
-  def __call__(self, x, cos, sin, mask):
+  def __call__(self, x, cos, sin, lengths):
     q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
     if self.q_norm is not None:  # Qwen3 normalizes per head before RoPE
       q, k = self.q_norm(q), self.k_norm(k)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    b, t, h, d = q.shape
-    g = h // self.num_kv_heads
-    q = q.reshape(b, t, self.num_kv_heads, g, d)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k).astype(jnp.float32) * (d ** -0.5)
-    # A large finite negative (not -inf) keeps fully padded rows finite instead of NaN.
-    scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(b, t, h, d)
+    # Causal + per-row key lengths (right padding) instead of a materialised [B, T, T] mask:
+    # the form cuDNN's fused attention accepts on GPU; on CPU this is XLA's reference kernel.
+    out = jax.nn.dot_product_attention(q, k, v, is_causal=True, key_value_seq_lengths=lengths)
     return self.o_proj(out)
 
 
@@ -135,13 +130,16 @@ class DecoderLayer(nnx.Module):
     self.post_attn_norm = RMSNorm(c.hidden_size, c.rms_norm_eps, param_dtype=param_dtype, rngs=rngs)
     self.mlp = MLP(c, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
-  def __call__(self, x, cos, sin, mask):
-    x = x + self.attn(self.input_norm(x), cos, sin, mask)
+  def __call__(self, x, cos, sin, lengths):
+    x = x + self.attn(self.input_norm(x), cos, sin, lengths)
     return x + self.mlp(self.post_attn_norm(x))
 
 
 class Decoder(nnx.Module):
-  """Causal LM: token ids [B, T] -> fp32 logits [B, T, vocab]."""
+  """Causal LM: token ids [B, T] -> fp32 logits [B, T, vocab].
+
+  `attention_mask` must be right padding (ones, then zeros), as `dockyard.policy.TrainBatch` is.
+  """
 
   def __init__(self, c: ModelConfig, *, dtype=jnp.float32, param_dtype=jnp.float32, remat: bool = False,
                rngs: nnx.Rngs):
@@ -164,12 +162,12 @@ class Decoder(nnx.Module):
       positions = jnp.broadcast_to(jnp.arange(t)[None, :], (b, t))
     if attention_mask is None:
       attention_mask = jnp.ones((b, t), jnp.int32)
-    mask = jnp.tril(jnp.ones((t, t), bool))[None] & (attention_mask[:, None, :] > 0)
+    lengths = attention_mask.astype(jnp.int32).sum(axis=-1)
     cos, sin = rope_cos_sin(positions, self.inv_freq[...])
     x = self.embed(input_ids)
 
     def layer_fn(layer, x):
-      return layer(x, cos, sin, mask)
+      return layer(x, cos, sin, lengths)
     if self.remat:  # recompute each layer's activations in the backward pass to save memory
       layer_fn = nnx.remat(layer_fn)
     for layer in self.layers:
