@@ -57,6 +57,13 @@ class JaxPolicy(Policy):
   def from_hf(cls, path: str, config, mesh=None, devices=None) -> "JaxPolicy":
     """Builds from an HF directory with `config` (the experiment ConfigDict: policy/mesh/optim)."""
     if mesh is None:
+      if devices is None and jax.default_backend() == "cpu":
+        # As `dockyard.validate` counts them: a CPU trainer has `cluster.cpu_devices` devices.
+        n = int(_get(config, "cluster.cpu_devices", 0)) or jax.device_count()
+        if n > jax.device_count():
+          raise ValueError(f"config.cluster.cpu_devices={n}, but JAX has {jax.device_count()} CPU devices "
+                           f"(XLA_FLAGS=--xla_force_host_platform_device_count={n} before JAX starts)")
+        devices = jax.devices()[:n]
       mesh = shd.make_mesh(tuple(config.mesh.shape), tuple(config.mesh.axes), devices)
     rules = tuple((name, tuple(t) if isinstance(t, list) else t) for name, t in config.mesh.rules)
     dtype = _dtype(config.policy.dtype, "policy.dtype")

@@ -38,6 +38,7 @@ def _spec(x):
 
 def _run(path, config, shape):
   config.mesh.shape = shape
+  config.cluster.cpu_devices = 8
   policy = JaxPolicy.from_hf(path, config)
   batch = _batch(policy.model.config.vocab_size)
   metrics = [policy.train_step(batch, masked_nll) for _ in range(2)]
@@ -96,6 +97,11 @@ def test_sharded_step_matches_single_device(tiny_models, reference, shape, expec
 
 def test_micro_batch_not_divisible_by_batch_axes_is_an_error(tiny_models, config):
   config.mesh.shape = (8, 1, 1)
+  config.cluster.cpu_devices = 8
   config.optim.micro_batch_size = 4
+  with pytest.raises(ValueError, match="cpu_devices=9"):
+    config.cluster.cpu_devices = 9
+    JaxPolicy.from_hf(tiny_models["qwen2"], config)
+  config.cluster.cpu_devices = 8
   with pytest.raises(ValueError, match="micro_batch_size=4"):
     JaxPolicy.from_hf(tiny_models["qwen2"], config)
