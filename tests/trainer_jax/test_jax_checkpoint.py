@@ -121,6 +121,10 @@ def test_grain_pipeline_shards_shuffles_and_resumes():
   fresh.set_state(state)
   for want in upcoming:
     np.testing.assert_array_equal(next(fresh)["x"], want)
+  # Ragged prompt records batch as lists (batch_fn=list) instead of being stacked.
+  prompts = [{"prompt": "x" * i, "ids": list(range(i))} for i in range(1, 8)]
+  got = next(iter(data_lib.pipeline(prompts, 3, seed=0, shard_index=0, shard_count=1, batch_fn=list)))
+  assert isinstance(got, list) and len(got) == 3 and len({len(r["ids"]) for r in got}) == 3
   with pytest.raises(ValueError, match="shard_index 2"):
     data_lib.pipeline(records, 3, shard_index=2, shard_count=2)
   with pytest.raises(ValueError, match="fewer than one batch"):
