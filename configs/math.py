@@ -1,0 +1,85 @@
+r"""Arithmetic GRPO: "What is 3 + 4?" -> reward 1 when the completion's last integer is right.
+
+The embedded default (variant `tiny`) shows learning on a 2-core CPU machine in ~15 minutes: a
+tiny Qwen2-style model made locally, a short SFT warm start on gold answers, then synchronous
+GRPO with CPU vLLM on single-digit additions (8 new tokens at most):
+
+  python -m dockyard.launch --config=configs/math.py --workdir=workdirs/math
+
+Harder variant (two-digit +, -, *, a real model path):
+
+  python -m dockyard.launch --config=configs/math.py:full \
+      --config.policy.model_name_or_path=/path/to/hf/model --workdir=workdirs/math_full
+
+Variants as in configs/swe.py (`tiny` | `full`, `torch`, `sync`); async GRPO is off unless
+`--config.grpo.async_grpo.enabled=True`.
+"""
+from configs import swe
+from dockyard import config_lib
+
+
+def get_config(arg=None):
+  c = swe.get_config(arg)
+  full = c.run.variant == "full"
+  tiny = not full
+  arg = config_lib.parse_arg(arg, tiny=False, full=False, torch=False, sync=False, runlocal=False)
+
+  # run: identity.
+  c.run.name = "math_full" if full else "math_tiny"
+
+  # cluster / policy: everything on one CPU machine for tiny.
+  if tiny:
+    c.policy.max_seq_len = 128
+
+  # optim: small steps on a tiny model.
+  c.optim.lr = 1e-6 if full else 1e-4
+  c.optim.micro_batch_size = 4 if full else 32
+
+  # grpo: many short samples per step; no KL (its forward is skipped); sync loop by default.
+  c.grpo.num_prompts_per_step = 16 if full else 8
+  c.grpo.num_generations_per_prompt = 8
+  c.grpo.max_num_steps = 200 if full else 40
+  c.grpo.val_period = 10 if full else 5
+  c.grpo.max_val_samples = 100 if full else 20
+  c.grpo.advantage.estimator = "grpo"
+  c.grpo.advantage.leave_one_out = True
+  c.grpo.dynamic_sampling = True        # a flat group (all right / all wrong) teaches nothing
+  c.grpo.reward_shaping.malformed_penalty = 0.2
+  c.grpo.sft_warmup.steps = 0 if full else 40
+  c.grpo.sft_warmup.lr = 1e-3
+  c.grpo.sft_warmup.batch_size = 16
+  c.grpo.async_grpo.enabled = bool(full and not arg.sync)
+
+  # loss_fn: token-level clipped PG with IS correction, no reference KL.
+  c.loss_fn.reference_policy_kl_penalty = 0.0
+
+  # rollout: a handful of new tokens is enough for an integer answer.
+  c.rollout.max_model_len = 512 if full else 128
+  c.rollout.max_new_tokens = 32 if full else 8
+  c.rollout.temperature = 1.0
+
+  # env: the in-process arithmetic verifier and its seeded data set.
+  c.env.name = "math"
+  c.env.math = dict(
+      seed=0,
+      ops=("+", "-", "*") if full else ("+",),
+      min_operand=0,
+      max_operand=99 if full else 9,
+      num_train=20000 if full else 80,     # tiny: 80 of the 100 single-digit sums
+      num_validation=1000 if full else 20,
+      system_prompt="",
+  )
+
+  # checkpoint: best-k by validation accuracy.
+  c.checkpoint.metric = "val/accuracy"
+  c.checkpoint.save_period = 10
+  c.checkpoint.keep_top_k = 2
+  return c
+
+
+def get_hyper(h):
+  """The sweep: learning rate x group size."""
+  return h.product([
+      h.sweep("config.optim.lr", [5e-5, 1e-4]),
+      h.sweep("config.grpo.num_generations_per_prompt", [4, 8]),
+  ])

@@ -1,0 +1,118 @@
+"""An in-process arithmetic verifier environment ("What is 37 + 48?" -> reward 1 if right).
+
+Its data set is generated deterministically from a seed (`config.env.math`) and split into
+disjoint train / validation sets of distinct questions. The reward reads the LAST integer in the
+completion (so "The answer is 85" and "85" both count); a completion with no integer is
+malformed (reward 0, `malformed=True`, so shaping can penalize it). Small and fast: it is what
+shows learning on a 2-core machine (`configs/math.py`) and exercises the GRPO loop without a
+sandbox.
+
+Beyond `Environment`, it offers what the loop uses when an env has it:
+`gold_completion(task)` (the SFT warm start's target) and `validation_metrics(rewards)`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from dockyard.envs.base import Environment, Reward
+
+OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+_INT = re.compile(r"-?\d+")
+
+
+@dataclasses.dataclass(frozen=True)
+class MathConfig:
+  seed: int = 0
+  ops: tuple[str, ...] = ("+",)
+  min_operand: int = 0
+  max_operand: int = 9
+  num_train: int = 80
+  num_validation: int = 20
+  system_prompt: str = ""          # '' : no system message (shortest prompt for tiny models)
+
+  def __post_init__(self):
+    bad = [o for o in self.ops if o not in OPS]
+    if not self.ops or bad:
+      raise ValueError(f"env.math.ops must be a non-empty subset of {sorted(OPS)}, got {self.ops}")
+    if self.min_operand > self.max_operand:
+      raise ValueError(f"env.math.min_operand ({self.min_operand}) > max_operand ({self.max_operand})")
+    if self.num_train < 1 or self.num_validation < 0:
+      raise ValueError(f"env.math.num_train must be >= 1 and num_validation >= 0, got "
+                       f"{self.num_train}, {self.num_validation}")
+    space = len(self.ops) * (self.max_operand - self.min_operand + 1) ** 2
+    if self.num_train + self.num_validation > space:
+      raise ValueError(f"env.math.num_train + num_validation ({self.num_train + self.num_validation}) "
+                       f"exceeds the {space} distinct questions of ops={self.ops} with operands in "
+                       f"[{self.min_operand}, {self.max_operand}]")
+
+  @classmethod
+  def from_config(cls, config) -> "MathConfig":
+    m = config.env.math
+    return cls(seed=int(m.seed), ops=tuple(m.ops), min_operand=int(m.min_operand),
+               max_operand=int(m.max_operand), num_train=int(m.num_train),
+               num_validation=int(m.num_validation), system_prompt=str(m.system_prompt))
+
+
+def make_task(a: int, op: str, b: int) -> dict[str, Any]:
+  return dict(instance_id=f"math-{a}{op}{b}", question=f"What is {a} {op} {b}?", answer=OPS[op](a, b))
+
+
+def make_dataset(cfg: MathConfig) -> tuple[list[dict], list[dict]]:
+  """(train, validation): distinct questions, the same for the same config on any machine."""
+  rng = np.random.default_rng(cfg.seed)
+  lo, hi = cfg.min_operand, cfg.max_operand
+  need = cfg.num_train + cfg.num_validation
+  width = hi - lo + 1
+  space = len(cfg.ops) * width * width
+  if space <= 200_000:   # enumerate and permute: exact, no rejection loop
+    picks = rng.permutation(space)[:need]
+  else:                  # sample distinct indices without materializing the whole space
+    picks = rng.choice(space, size=need, replace=False)
+  tasks = []
+  for idx in picks.tolist():
+    op_i, rest = divmod(idx, width * width)
+    a, b = divmod(rest, width)
+    tasks.append(make_task(lo + a, cfg.ops[op_i], lo + b))
+  return tasks[:cfg.num_train], tasks[cfg.num_train:]
+
+
+def parse_answer(completion: str) -> int | None:
+  """The last integer in the completion, or None when there is none."""
+  found = _INT.findall(completion)
+  return int(found[-1]) if found else None
+
+
+class MathEnv(Environment):
+  """Scores arithmetic answers in-process."""
+
+  def __init__(self, cfg: MathConfig | None = None):
+    self.cfg = cfg or MathConfig()
+    self.train, self.validation = make_dataset(self.cfg)
+
+  def prompt_messages(self, task: Mapping[str, Any]) -> list[dict[str, str]]:
+    if "question" not in task:
+      raise KeyError(f"math task {task.get('instance_id', task)!r} has no 'question'")
+    messages = [{"role": "system", "content": self.cfg.system_prompt}] if self.cfg.system_prompt else []
+    return messages + [{"role": "user", "content": task["question"]}]
+
+  def gold_completion(self, task: Mapping[str, Any]) -> str:
+    return str(task["answer"])
+
+  async def score(self, task: Mapping[str, Any], completion: str) -> Reward:
+    got = parse_answer(completion)
+    if got is None:
+      return Reward(0.0, info=dict(reason="no integer in the completion"),
+                    components=dict(correct=0.0, format=0.0), malformed=True)
+    correct = float(got == int(task["answer"]))
+    return Reward(correct, info=dict(parsed=got, answer=int(task["answer"])),
+                  components=dict(correct=correct, format=1.0))
+
+  def validation_metrics(self, rewards: Sequence[Reward]) -> dict[str, float]:
+    n = max(len(rewards), 1)
+    return dict(accuracy=sum(r.value for r in rewards) / n,
+                malformed_fraction=sum(r.malformed for r in rewards) / n)
+

@@ -1,0 +1,176 @@
+"""The clipped-PG loss: NumPy spec by hand, JAX against the spec, masks, padding, micro-batching."""
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dockyard.grpo import loss_jax, loss_spec
+from dockyard.grpo.loss_spec import LossConfig
+
+
+def random_batch(rng, b=5, t=9, per_token_adv=False):
+  """Random logprobs/extras with ragged masks (left prompt zeros, right padding) and one empty row."""
+  mask = np.zeros((b, t), np.float32)
+  for i in range(b - 1):
+    start = rng.integers(1, 4)
+    mask[i, start:rng.integers(start + 1, t + 1)] = 1
+  lp = -rng.uniform(0.1, 3.0, (b, t)).astype(np.float32)
+  extras = dict(
+      advantages=rng.normal(size=(b, t) if per_token_adv else (b,)).astype(np.float32),
+      prev_logprobs=(lp + rng.normal(scale=0.3, size=(b, t))).astype(np.float32),
+      generation_logprobs=(lp + rng.normal(scale=0.5, size=(b, t))).astype(np.float32),
+      reference_logprobs=(lp + rng.normal(scale=0.4, size=(b, t))).astype(np.float32),
+  )
+  return lp, mask, extras
+
+
+GRID = [LossConfig(ratio_clip_min=0.2, ratio_clip_max=hi, ratio_clip_c=c, reference_policy_kl_penalty=kl,
+                   use_importance_sampling_correction=isc, aggregation=agg, length_normalization=ln,
+                   max_completion_tokens=12)
+        for hi, c, kl, isc, agg, ln in itertools.product(
+            (0.28,), (0.0, 3.0), (0.0, 0.05), (False, True), ("token", "sequence"),
+            ("token_mean", "dr_grpo"))]
+
+
+def test_hand_computed_token_case():
+  # One row, 3 positions; position 0 is the prompt. Ratios: e^0.5 (clipped at 1.28, A>0),
+  # e^-0.1 (inside), IS weights e^0 = 1 and e^1 truncated to 2.
+  lp = np.array([[0.0, -1.0, -2.0]])
+  mask = np.array([[0, 1, 1]])
+  extras = dict(advantages=np.array([2.0]), prev_logprobs=np.array([[0.0, -1.5, -1.9]]),
+                generation_logprobs=np.array([[0.0, -1.5, -2.9]]))
+  cfg = LossConfig(ratio_clip_min=0.2, ratio_clip_max=0.28, ratio_clip_c=3.0)
+  loss, metrics = loss_spec.clipped_pg_loss(lp, mask, extras, cfg)
+  pg1 = -2.0 * 1.28                    # max(-2 e^0.5, -2 * 1.28)
+  pg2 = -2.0 * np.exp(-0.1)            # ratio inside [0.8, 1.28]
+  assert loss == pytest.approx((1.0 * pg1 + 2.0 * pg2) / 2)
+  assert metrics["clip_fraction"] == pytest.approx(0.5)
+  assert metrics["is_weight_mean"] == pytest.approx(1.5)
+  assert metrics["ratio_mean"] == pytest.approx((np.exp(0.5) + np.exp(-0.1)) / 2)
+
+
+def test_hand_computed_dual_clip_and_kl():
+  # Negative advantage with a huge ratio: plain PPO gives -A r = 10 e^2; dual clip caps at -A c = 3.
+  lp, mask = np.array([[-1.0]]), np.array([[1.0]])
+  extras = dict(advantages=np.array([-1.0]), prev_logprobs=np.array([[-3.0]]),
+                reference_logprobs=np.array([[-1.5]]))
+  cfg = LossConfig(ratio_clip_c=3.0, reference_policy_kl_penalty=0.1,
+                   use_importance_sampling_correction=False)
+  loss, metrics = loss_spec.clipped_pg_loss(lp, mask, extras, cfg)
+  k3 = np.exp(-0.5) + 0.5 - 1.0
+  assert loss == pytest.approx(3.0 + 0.1 * k3)
+  assert metrics["dual_clip_fraction"] == 1.0
+  assert metrics["kl"] == pytest.approx(k3)
+
+
+def test_hand_computed_sequence_and_dr_grpo():
+  # GSPO: one ratio per row, exp(mean log ratio) = exp((0.1 - 0.3) / 2); Dr.GRPO: / (N_seq * L).
+  lp = np.array([[-1.0, -1.0, 0.0], [-2.0, 0.0, 0.0]])
+  mask = np.array([[1, 1, 0], [1, 0, 0]])
+  extras = dict(advantages=np.array([1.0, -1.0]), prev_logprobs=np.array([[-1.1, -0.7, 0.0], [-2.0, 0, 0]]))
+  seq = LossConfig(use_importance_sampling_correction=False, aggregation="sequence", ratio_clip_c=0.0)
+  loss, _ = loss_spec.clipped_pg_loss(lp, mask, extras, seq)
+  r0 = np.exp(-0.1)
+  assert loss == pytest.approx(((-r0 * 2) / 2 + 1.0) / 2)
+  dr = LossConfig(use_importance_sampling_correction=False, length_normalization="dr_grpo",
+                  max_completion_tokens=4, ratio_clip_c=0.0)
+  loss, _ = loss_spec.clipped_pg_loss(lp, mask, extras, dr)
+  assert loss == pytest.approx((-np.exp(0.1) - np.exp(-0.3) + 1.0) / (2 * 4))
+
+
+@pytest.mark.parametrize("cfg", GRID, ids=lambda c: f"{c.ratio_clip_max}-{c.ratio_clip_c}-"
+                         f"{c.reference_policy_kl_penalty}-{int(c.use_importance_sampling_correction)}-"
+                         f"{c.aggregation}-{c.length_normalization}")
+def test_jax_matches_spec_and_microbatches_sum(cfg):
+  rng = np.random.default_rng(hash(cfg) % 2**32)
+  lp, mask, extras = random_batch(rng, per_token_adv=cfg.aggregation == "token")
+  want, want_m = loss_spec.clipped_pg_loss(lp, mask, extras, cfg)
+  got, got_m = loss_jax.make_pg_loss(cfg)(jnp.asarray(lp), jnp.asarray(mask), extras)
+  assert float(got) == pytest.approx(want, rel=1e-5, abs=1e-6)
+  for k, v in want_m.items():
+    assert float(got_m[k]) == pytest.approx(v, rel=1e-5, abs=1e-6), k
+  # The micro-batching contract: whole-batch totals in every micro-batch, losses summed.
+  totals = dict(total_tokens=np.float32(mask.sum()), total_sequences=np.float32((mask.sum(-1) > 0).sum()))
+  parts_np, parts_jax = 0.0, 0.0
+  metric_sum = {k: 0.0 for k in want_m}
+  for sl in (slice(0, 2), slice(2, 3), slice(3, 5)):
+    sub = {k: v[sl] for k, v in extras.items()} | totals
+    parts_np += loss_spec.clipped_pg_loss(lp[sl], mask[sl], sub, cfg)[0]
+    l, mm = loss_jax.clipped_pg_loss(jnp.asarray(lp[sl]), mask[sl], sub, cfg)
+    parts_jax += float(l)
+    for k in metric_sum:
+      metric_sum[k] += float(mm[k])
+  assert parts_np == pytest.approx(want, rel=1e-9, abs=1e-12)
+  assert parts_jax == pytest.approx(want, rel=1e-5, abs=1e-6)
+  for k, v in want_m.items():
+    assert metric_sum[k] == pytest.approx(v, rel=1e-5, abs=1e-6), k
+
+
+@pytest.mark.parametrize("agg", ["token", "sequence"])
+def test_padding_changes_nothing(agg):
+  rng = np.random.default_rng(1)
+  cfg = LossConfig(reference_policy_kl_penalty=0.1, aggregation=agg)
+  lp, mask, extras = random_batch(rng)
+  base = float(loss_jax.clipped_pg_loss(jnp.asarray(lp), mask, extras, cfg)[0])
+  # Extra right-padding columns and an all-padding row, filled with garbage.
+  pad = lambda x: np.pad(x, ((0, 1), (0, 4)), constant_values=-7.0)
+  padded_extras = {k: (pad(v) if v.ndim == 2 else np.pad(v, (0, 1), constant_values=5.0))
+                   for k, v in extras.items()}
+  padded_mask = np.pad(mask, ((0, 1), (0, 4)))
+  got = float(loss_jax.clipped_pg_loss(jnp.asarray(pad(lp)), padded_mask, padded_extras, cfg)[0])
+  assert got == pytest.approx(base, rel=1e-6)
+  assert np.isfinite(got)
+
+
+def test_jax_gradient_matches_finite_differences_of_spec():
+  rng = np.random.default_rng(2)
+  cfg = LossConfig(reference_policy_kl_penalty=0.05, ratio_clip_c=3.0)
+  lp, mask, extras = random_batch(rng, b=3, t=5)
+  grad = np.asarray(jax.jit(jax.grad(lambda x: loss_jax.clipped_pg_loss(x, mask, extras, cfg)[0]))(jnp.asarray(lp)))
+  lp64 = lp.astype(np.float64)
+  fd = np.zeros_like(lp64)
+  for idx in np.ndindex(lp.shape):
+    e = np.zeros_like(lp64)
+    e[idx] = 1e-6
+    fd[idx] = (loss_spec.clipped_pg_loss(lp64 + e, mask, extras, cfg)[0]
+               - loss_spec.clipped_pg_loss(lp64 - e, mask, extras, cfg)[0]) / 2e-6
+  np.testing.assert_allclose(grad, fd, atol=2e-4)
+  assert np.abs(grad[mask == 0]).max() == 0.0
+  assert np.abs(grad).max() > 0
+
+
+def test_no_gradient_through_prev_generation_reference():
+  rng = np.random.default_rng(3)
+  cfg = LossConfig(reference_policy_kl_penalty=0.1)
+  lp, mask, extras = random_batch(rng, b=2, t=4)
+  for key in ("prev_logprobs", "generation_logprobs", "reference_logprobs", "advantages"):
+    def f(x):
+      return loss_jax.clipped_pg_loss(jnp.asarray(lp), mask, {**extras, key: x}, cfg)[0]
+    g = jax.grad(f)(jnp.asarray(extras[key]))
+    assert float(jnp.abs(g).max()) == 0.0, key
+
+
+def test_missing_extras_are_named():
+  lp, mask = np.zeros((1, 2)), np.ones((1, 2))
+  extras = dict(advantages=np.ones(1), prev_logprobs=np.zeros((1, 2)), generation_logprobs=np.zeros((1, 2)))
+  loss_spec.clipped_pg_loss(lp, mask, extras, LossConfig())   # kl 0: no reference needed
+  with pytest.raises(KeyError, match="reference_logprobs"):
+    loss_jax.clipped_pg_loss(jnp.asarray(lp), mask, extras, LossConfig(reference_policy_kl_penalty=0.1))
+  with pytest.raises(ValueError, match="length_normalization"):
+    LossConfig(length_normalization="seq_mean")
+  with pytest.raises(ValueError, match="max_completion_tokens"):
+    LossConfig(length_normalization="dr_grpo")
+
+
+def test_nll_matches_spec_and_microbatches():
+  rng = np.random.default_rng(4)
+  lp, mask, _ = random_batch(rng)
+  want = loss_spec.nll_loss(lp, mask, {})[0]
+  assert float(loss_jax.nll_loss(jnp.asarray(lp), mask, {})[0]) == pytest.approx(want, rel=1e-6)
+  assert want == pytest.approx(-(lp * mask).sum() / mask.sum())
+  tot = dict(total_tokens=np.float32(mask.sum()))
+  parts = sum(float(loss_jax.nll_loss(jnp.asarray(lp[s]), mask[s], tot)[0])
+              for s in (slice(0, 3), slice(3, 5)))
+  assert parts == pytest.approx(want, rel=1e-5)
