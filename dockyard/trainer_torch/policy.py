@@ -91,8 +91,10 @@ class TorchPolicy(Policy):
     fully_shard(model, mesh=mesh, mp_policy=mp)
     for module in model.modules():
       if hasattr(module, "set_gradient_divide_factor"):
-        # The loss is already normalized by whole-batch totals: sum gradients over ranks.
+        # The loss is already normalized by whole-batch totals: sum gradients over ranks (a
+        # plain SUM: the PREMUL_SUM that a custom factor picks otherwise does not exist in gloo).
         module.set_gradient_divide_factor(1.0)
+        module.set_force_sum_reduction_for_comms(True)
     self.model = model
     self._check_names()
     self.optimizer = optim.make_optimizer(model.parameters(), self._optim)
