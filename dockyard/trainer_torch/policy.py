@@ -195,7 +195,10 @@ class TorchPolicy(Policy):
     params = dict(self.model.named_parameters())
     for entry in name_map.table(self.model_config):
       p = params[entry.hf].detach()
+      local = p.to_local() if hasattr(p, "to_local") else p
       full = p.full_tensor() if hasattr(p, "full_tensor") else p
+      if full.data_ptr() == local.data_ptr():  # one rank: the "gather" aliases the live weight
+        full = full.clone()
       yield entry.hf, _to_numpy(full)
 
   # ---- checkpoints ------------------------------------------------------------------------------

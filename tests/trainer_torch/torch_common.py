@@ -21,6 +21,7 @@ def make_config(micro_batch_size: int = 8, warmup_steps: int = 1, lr: float = 1e
   cfg.optim.max_grad_norm = 0.5        # small enough that clipping is exercised
   cfg.grpo.max_num_steps = 8
   cfg.policy.tiny = SPEC
+  cfg.policy.max_seq_len = SPEC["max_position_embeddings"]
   return cfg
 
 
