@@ -9,6 +9,7 @@ JAX trainer (`dockyard.trainer_torch.optim`); weights leave through the refit na
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Iterator
 
 import numpy as np
@@ -99,6 +100,7 @@ class TorchPolicy(Policy):
     self._check_names()
     self.optimizer = optim.make_optimizer(model.parameters(), self._optim)
     self._step = 0
+    self._lr_override: float | None = None
 
   @classmethod
   def from_hf(cls, path: str, config: Any) -> "TorchPolicy":
@@ -107,6 +109,13 @@ class TorchPolicy(Policy):
   @property
   def step(self) -> int:
     return self._step
+
+  def set_lr(self, lr: float | None) -> None:
+    """A constant learning rate (e.g. the SFT warm start's); None returns to the schedule.
+    Same call as `JaxPolicy.set_lr`; it is saved with the checkpoint, as on the JAX side."""
+    if lr is not None and not (lr >= 0 and math.isfinite(lr)):
+      raise ValueError(f"learning rate must be a finite number >= 0, got {lr}")
+    self._lr_override = None if lr is None else float(lr)
 
   # ---- forward ----------------------------------------------------------------------------------
 
@@ -140,8 +149,8 @@ class TorchPolicy(Policy):
       for i in range(n_micro):
         s = slice(i * self._micro, (i + 1) * self._micro)
         outs.append(self._logprobs(part["input_ids"][s], part["attention_mask"][s]))
-    full = dist.all_gather_rows(torch.cat(outs, 0))
-    return full[:batch.batch_size].cpu().numpy()
+    full = dist.all_gather_rows(torch.cat(outs, 0))[:batch.batch_size].cpu().numpy()
+    return full * np.asarray(batch.attention_mask, full.dtype)  # padding reports 0, as in JAX
 
   # ---- training ---------------------------------------------------------------------------------
 
@@ -167,7 +176,8 @@ class TorchPolicy(Policy):
     grads = [p.grad for p in params]
     norm = optim.global_norm(grads)
     optim.clip_(grads, norm, float(self._optim["max_grad_norm"]))
-    lr = optim.lr_at(self._step, self._optim, self._total_steps)
+    lr = self._lr_override if self._lr_override is not None else optim.lr_at(
+        self._step, self._optim, self._total_steps)
     for group in self.optimizer.param_groups:
       group["lr"] = lr
     self.optimizer.step()
