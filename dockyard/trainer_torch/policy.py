@@ -10,6 +10,7 @@ JAX trainer (`dockyard.trainer_torch.optim`); weights leave through the refit na
 from __future__ import annotations
 
 import math
+import os
 from typing import Any, Iterator
 
 import numpy as np
@@ -101,6 +102,7 @@ class TorchPolicy(Policy):
     self.optimizer = optim.make_optimizer(model.parameters(), self._optim)
     self._step = 0
     self._lr_override: float | None = None
+    self._checkpointers: dict[str, checkpoint.Checkpointer] = {}
 
   @classmethod
   def from_hf(cls, path: str, config: Any) -> "TorchPolicy":
@@ -211,13 +213,30 @@ class TorchPolicy(Policy):
         full = full.clone()
       yield entry.hf, _to_numpy(full)
 
-  # ---- checkpoints ------------------------------------------------------------------------------
+  # ---- checkpoints (the same calls as JaxPolicy's, so the loops need no backend branch) ---------
 
-  def save(self, directory: str) -> None:
-    checkpoint.save(directory, self.model, self.optimizer, self._step)
+  def checkpointer(self, directory: str, checkpoint_config=None) -> checkpoint.Checkpointer:
+    """The (cached) manager of `directory`, with best-k retention from `config.checkpoint`."""
+    key = os.path.abspath(directory)
+    if key not in self._checkpointers:
+      kw = {}
+      if checkpoint_config is not None:
+        kw = dict(keep_top_k=int(checkpoint_config.keep_top_k), metric=checkpoint_config.metric,
+                  metric_mode=checkpoint_config.metric_mode)
+      self._checkpointers[key] = checkpoint.Checkpointer(directory, **kw)
+    return self._checkpointers[key]
 
-  def restore(self, directory: str) -> None:
-    self._step = checkpoint.restore(directory, self.model, self.optimizer)
+  def save(self, directory: str, *, data_iter=None, metrics=None) -> None:
+    """Saves model, AdamW state and step as `directory/<step>/` (DCP)."""
+    self.checkpointer(directory).save(self._step, self.model, self.optimizer, data_iter=data_iter,
+                                      metrics=metrics, extra={"lr_override": self._lr_override})
+
+  def restore(self, directory: str, *, data_iter=None, step: int | None = None) -> dict:
+    """Restores the latest (or `step`) checkpoint under `directory`; returns its bookkeeping."""
+    meta = self.checkpointer(directory).restore(self.model, self.optimizer, step=step, data_iter=data_iter)
+    self._step = int(meta["step"])
+    self._lr_override = meta.get("lr_override")
+    return meta
 
 
 def _to_numpy(t: torch.Tensor) -> np.ndarray:

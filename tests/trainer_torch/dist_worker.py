@@ -2,7 +2,7 @@
 
   torchrun --nproc_per_node=2 tests/trainer_torch/dist_worker.py MODEL OUT [--restore CKPT]
 
-Without --restore: 2 steps, save OUT/ckpt, 2 more steps. With it: restore, 2 steps. Rank 0
+Without --restore: 2 steps, save OUT/ckpt (-> OUT/ckpt/2/), 2 more steps. With it: restore, 2 steps. Rank 0
 writes OUT/result.npz (per-step metrics + final weights); every rank writes its local shard
 shapes to OUT/shards_rank{r}.json.
 """

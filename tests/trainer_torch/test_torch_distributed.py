@@ -80,5 +80,5 @@ def test_two_rank_checkpoint_restores_into_one_rank(torchrun_runs, build_policy)
 
 
 def test_restore_names_a_missing_checkpoint(build_policy, tmp_path):
-  with pytest.raises(FileNotFoundError, match="no .metadata"):
+  with pytest.raises(FileNotFoundError, match="no checkpoint"):
     build_policy().restore(str(tmp_path))
