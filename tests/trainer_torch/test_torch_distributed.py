@@ -52,6 +52,8 @@ def test_two_ranks_match_one_process(torchrun_runs, build_policy):
   np.testing.assert_allclose(data["loss"], losses, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(data["grad_norm"], norms, rtol=1e-5)
   assert sorted(weights) == sorted(single)
+  print("2 ranks vs 1 process: max |loss diff|", np.abs(data["loss"] - losses).max(),
+        "max |w diff|", max(float(np.abs(weights[n] - single[n]).max()) for n in single))
   for name in single:
     np.testing.assert_allclose(weights[name], single[name], rtol=0, atol=1e-5, err_msg=name)
 
@@ -61,6 +63,7 @@ def test_resume_in_fresh_processes_is_exact(torchrun_runs):
   full, w_full = load(a)
   resumed, w_resumed = load(b)
   assert int(full["step"]) == int(resumed["step"]) == 4
+  print("resume: max |w diff|", max(float(np.abs(w_resumed[n] - w_full[n]).max()) for n in w_full))
   np.testing.assert_array_equal(resumed["loss"], full["loss"][2:])
   for name in w_full:
     np.testing.assert_allclose(w_resumed[name], w_full[name], rtol=0, atol=1e-6, err_msg=name)

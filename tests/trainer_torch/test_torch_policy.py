@@ -131,14 +131,24 @@ def test_bad_batches_name_the_problem(build_policy):
   assert policy.step == 0
 
 
-def test_factory_picks_the_backend(model_path):
-  from dockyard.policy_factory import make_policy
+def test_factory_picks_the_backend_and_its_losses(model_path):
+  from dockyard import policy_factory
+  from dockyard.trainer_torch import loss as torch_loss
   from dockyard.trainer_torch.policy import TorchPolicy
   cfg = torch_common.make_config()
-  assert isinstance(make_policy(cfg, model_path), TorchPolicy)
+  assert cfg.policy.backend == "torch"     # configs/swe.py:torch selects this backend
+  assert isinstance(policy_factory.make_policy(cfg, model_path), TorchPolicy)
+  assert policy_factory.make_loss(cfg, "nll") is torch_loss.nll_loss
+  lp, mask = torch.zeros(1, 3, requires_grad=True), torch.tensor([[0.0, 1.0, 1.0]])
+  extras = dict(advantages=torch.tensor([1.0]), prev_logprobs=torch.zeros(1, 3),
+                generation_logprobs=torch.zeros(1, 3))
+  loss, _ = policy_factory.make_loss(cfg, "pg")(lp, mask, extras)
+  assert isinstance(loss, torch.Tensor) and float(loss.detach()) == pytest.approx(-1.0)   # -A * ratio 1
+  with pytest.raises(ValueError, match="loss kind"):
+    policy_factory.make_loss(cfg, "dpo")
   cfg.policy.backend = "tensorflow"
   with pytest.raises(ValueError, match="policy.backend"):
-    make_policy(cfg, model_path)
+    policy_factory.make_policy(cfg, model_path)
 
 
 def test_checkpoints_keep_latest_and_best_and_restore_bookkeeping(build_policy, tmp_path):
@@ -173,3 +183,22 @@ def test_checkpoints_keep_latest_and_best_and_restore_bookkeeping(build_policy, 
   assert fresh.restore(directory, step=2)["step"] == 2 and fresh.step == 2
   with pytest.raises(ValueError, match="learning rate"):
     fresh.set_lr(-1.0)
+
+
+def test_bfloat16_compute_with_remat_keeps_fp32_master_weights(build_policy):
+  """policy.dtype=bfloat16 -> FSDP2 mixed precision (bf16 all-gather + compute, fp32 reduce and
+  master weights); policy.remat -> activation checkpointing. The step must stay close to fp32's."""
+  batch = torch_common.make_batch(seed=7)
+  out = {}
+  for dtype, remat in (("float32", False), ("bfloat16", True)):
+    policy = build_policy(dtype=dtype, remat=remat, warmup_steps=0)
+    lp = policy.logprobs(batch)
+    metrics = policy.train_step(torch_common.with_prev(batch, lp),
+                                make_pg_loss(torch_common.loss_config(policy.config)))
+    assert all(p.dtype == torch.float32 for p in policy.model.parameters())
+    assert policy.model.model.gradient_checkpointing == remat
+    out[dtype] = lp, metrics
+  (lp32, m32), (lp16, m16) = out["float32"], out["bfloat16"]
+  diff = np.abs(lp32 - lp16)[batch.attention_mask > 0]
+  assert 0 < diff.max() < 0.1    # bf16 really ran, and is only rounding away from fp32
+  assert np.isfinite(m16["loss"]) and m16["grad_norm"] == pytest.approx(m32["grad_norm"], rel=0.05)

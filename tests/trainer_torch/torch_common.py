@@ -13,8 +13,11 @@ SPEC = dict(family="qwen2", hidden_size=64, intermediate_size=128, num_hidden_la
             max_position_embeddings=512)
 
 
-def make_config(micro_batch_size: int = 8, warmup_steps: int = 1, lr: float = 1e-3):
+def make_config(micro_batch_size: int = 8, warmup_steps: int = 1, lr: float = 1e-3,
+                dtype: str = "float32", remat: bool = False):
   cfg = swe.get_config("torch")
+  cfg.policy.dtype = dtype
+  cfg.policy.remat = remat
   cfg.optim.micro_batch_size = micro_batch_size
   cfg.optim.warmup_steps = warmup_steps
   cfg.optim.lr = lr
