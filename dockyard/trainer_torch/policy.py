@@ -80,17 +80,29 @@ class TorchPolicy(Policy):
     torch.manual_seed(int(config.run.seed))
 
     self.device = torch.device(dist.device_type())
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        model_path, dtype=param_dtype, attn_implementation="sdpa")
+    # Only rank 0 reads the checkpoint; the others build on the meta device (no memory) and
+    # receive their shards from rank 0 after sharding, so a host never holds N full copies.
+    if dist.rank() == 0:
+      model = transformers.AutoModelForCausalLM.from_pretrained(
+          model_path, dtype=param_dtype, attn_implementation="sdpa").to(self.device)
+      full_state = model.state_dict()  # the unsharded tensors, kept alive until broadcast
+    else:
+      hf_config = transformers.AutoConfig.from_pretrained(model_path)
+      with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(
+            hf_config, dtype=param_dtype, attn_implementation="sdpa")
+      full_state = {}
     model.config.use_cache = False
     if config.policy.remat:  # recompute each layer in the backward pass to save memory
       model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=dict(use_reentrant=False))
-    model.to(self.device)
     mesh = dist.fsdp_mesh()
     mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     for layer in model.model.layers:  # one all-gather per layer, resharded after use
       fully_shard(layer, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
+    if dist.world_size() > 1:
+      _broadcast_from_rank0(model, full_state, self.device)
+    del full_state
     for module in model.modules():
       if hasattr(module, "set_gradient_divide_factor"):
         # The loss is already normalized by whole-batch totals: sum gradients over ranks (a
@@ -237,6 +249,19 @@ class TorchPolicy(Policy):
     self._step = int(meta["step"])
     self._lr_override = meta.get("lr_override")
     return meta
+
+
+def _broadcast_from_rank0(model: torch.nn.Module, full_state: dict, device: torch.device) -> None:
+  """Fills every rank's shards (and buffers such as RoPE's inv_freq, which the meta-device
+  ranks lack) from rank 0's full state dict."""
+  import torch.distributed as tdist
+  from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+  if dist.rank() != 0:
+    model.to_empty(device=device)
+  set_model_state_dict(model, full_state, options=StateDictOptions(
+      full_state_dict=True, broadcast_from_rank0=True))
+  for _, buf in model.named_buffers():  # non-persistent buffers are not in any state dict
+    tdist.broadcast(buf, src=0)
 
 
 def _to_numpy(t: torch.Tensor) -> np.ndarray:
