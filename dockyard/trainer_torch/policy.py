@@ -159,6 +159,7 @@ class TorchPolicy(Policy):
   def logprobs(self, batch: TrainBatch) -> np.ndarray:
     part, n_micro = self._rank_slice(batch)
     outs = []
+    self.model.eval()  # the same function train_step differentiates, minus any dropout
     with torch.no_grad():
       for i in range(n_micro):
         s = slice(i * self._micro, (i + 1) * self._micro)
