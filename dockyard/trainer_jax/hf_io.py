@@ -41,10 +41,13 @@ def read_safetensors(path: str) -> dict[str, np.ndarray]:
   else:
     raise FileNotFoundError(f"{path!r} has neither {SINGLE} nor {INDEX}")
   out = {}
-  for name in files:
-    with safe_open(os.path.join(path, name), framework="flax") as f:
-      for key in f.keys():
-        out[key] = np.asarray(f.get_tensor(key))
+  # The "flax" reader handles bfloat16 (NumPy's does not); host CPU keeps accelerator memory free
+  # until each tensor is placed on its own sharding.
+  with jax.default_device(jax.devices("cpu")[0]):
+    for name in files:
+      with safe_open(os.path.join(path, name), framework="flax") as f:
+        for key in f.keys():
+          out[key] = np.asarray(f.get_tensor(key))
   return out
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -20,12 +20,11 @@ from dockyard.trainer_jax import data as data_lib
 from dockyard.trainer_jax.policy import JaxPolicy, masked_nll
 
 
-def encode_records(tokenizer, pairs: Sequence[tuple[str, str]]) -> list[dict]:
+def encode_records(encode: Callable[[str], list[int]], pairs: Sequence[tuple[str, str]]) -> list[dict]:
   """(prompt, answer) text pairs -> {'ids', 'prompt_len'} token records (answer gets trained)."""
   out = []
   for prompt, answer in pairs:
-    p = tokenizer(prompt)["input_ids"]
-    a = tokenizer(answer)["input_ids"]
+    p, a = list(encode(prompt)), list(encode(answer))
     out.append({"ids": np.asarray(p + a, np.int32), "prompt_len": np.int32(len(p))})
   return out
 
@@ -75,21 +74,25 @@ def main(argv=None):
   ap.add_argument("--batch_size", type=int, default=8)
   ap.add_argument("--seq_len", type=int, default=64)
   ap.add_argument("--lr", type=float, default=None)
+  ap.add_argument("--save_every", type=int, default=1, help="checkpoint period in steps")
   ap.add_argument("--config", default="configs/swe.py", help="experiment config file[:arg]")
   ap.add_argument("--dump", default=None, help="write the final parameters here (.npz)")
   args = ap.parse_args(argv)
 
-  import transformers
+  from tokenizers import Tokenizer  # the fast tokenizer alone: no transformers import needed
   from dockyard.validate import load_config_file
   config = load_config_file(args.config)
   config.grpo.max_num_steps = max(args.steps, config.optim.warmup_steps + 1)
   config.optim.micro_batch_size = min(config.optim.micro_batch_size, args.batch_size)
-  tok = transformers.AutoTokenizer.from_pretrained(args.model)
+  tok = Tokenizer.from_file(os.path.join(args.model, "tokenizer.json"))
   with open(args.data) as f:
     pairs = [(r["prompt"], r["answer"]) for r in map(json.loads, f)]
   policy = JaxPolicy.from_hf(args.model, config)
-  run_sft(policy, encode_records(tok, pairs), args.workdir, args.steps, batch_size=args.batch_size,
-          seq_len=args.seq_len, lr=args.lr, stop_after=args.stop_after)
+  run_sft(policy, encode_records(lambda text: tok.encode(text).ids, pairs), args.workdir, args.steps, batch_size=args.batch_size,
+          seq_len=args.seq_len, lr=args.lr, stop_after=args.stop_after,
+          save_every=args.save_every)
+  if args.stop_after is not None and policy.step < args.steps:
+    os._exit(0)  # "killed": no dump, no teardown; only the checkpoint on disk survives
   if args.dump:
     np.savez(args.dump, step=policy.step, **dict(policy.named_weights()))
   # Exit without interpreter teardown, like a killed job: nothing after the last save may matter.

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
@@ -73,7 +74,9 @@ def current_lr(optimizer: nnx.Optimizer, optim: Mapping[str, Any], total_steps: 
 
 def set_lr_override(optimizer: nnx.Optimizer, lr: float | None) -> None:
   var = optimizer.opt_state.hyperparams["lr_override"]
-  var.set_value(jnp.asarray(-1.0 if lr is None else float(lr), var.get_value().dtype))
+  old = var.get_value()
+  # Same dtype and placement as before, so the jitted step sees an identical input type.
+  var.set_value(jax.device_put(np.asarray(-1.0 if lr is None else float(lr), old.dtype), old.sharding))
 
 
 def _tree_add(a, b):
