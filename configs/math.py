@@ -45,7 +45,9 @@ def get_config(arg=None):
   c.grpo.advantage.leave_one_out = True
   c.grpo.dynamic_sampling = True        # a flat group (all right / all wrong) teaches nothing
   c.grpo.reward_shaping.malformed_penalty = 0.2
-  c.grpo.sft_warmup.steps = 0 if full else 40
+  # Measured with an HF torch loop on this tiny model (greedy, 8 new tokens): 40 steps -> 3% train
+  # accuracy, 150 steps -> 47% train / 40% validation. ~100 leaves GRPO room to show a gain.
+  c.grpo.sft_warmup.steps = 0 if full else 100
   c.grpo.sft_warmup.lr = 1e-3
   c.grpo.sft_warmup.batch_size = 16
   c.grpo.async_grpo.enabled = bool(full and not arg.sync)

@@ -1,0 +1,91 @@
+"""Records of one GRPO step (a `Group` per prompt) and their packing into a `TrainBatch`.
+
+A group is one prompt and its n sampled completions, then their rewards, shaped rewards and
+advantages as the step fills them in. `make_train_batch` lays groups out right-padded for the
+`Policy` seam: each row is prompt + completion, `loss_mask` is 1 on the completion tokens, and
+the per-token extras (generation logprobs, later prev/reference logprobs) sit at the positions
+of the tokens they score, the alignment `Policy.logprobs` uses.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from dockyard.envs.base import Reward
+from dockyard.policy import TrainBatch
+from dockyard.rollout.base import Completion
+
+
+@dataclasses.dataclass
+class Group:
+  task: Mapping[str, Any]
+  prompt_ids: list[int]
+  completions: list[Completion]
+  texts: list[str] = dataclasses.field(default_factory=list)        # decoded completions
+  rewards: list[Reward] = dataclasses.field(default_factory=list)   # raw, from the env
+  shaped: np.ndarray | None = None       # [n] rewards after shaping
+  advantages: np.ndarray | None = None   # [n]
+
+  @property
+  def size(self) -> int:
+    return len(self.completions)
+
+
+def encode_prompt(tokenizer, messages: Sequence[Mapping[str, str]]) -> list[int]:
+  """Chat messages -> prompt token ids through the tokenizer's chat template (+ assistant turn)."""
+  ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True,
+                                      return_dict=False)
+  if isinstance(ids, Mapping):   # some tokenizers still return a BatchEncoding
+    ids = ids["input_ids"]
+  return [int(i) for i in ids]
+
+
+def _round_up(n: int, multiple: int) -> int:
+  return -(-n // multiple) * multiple
+
+
+def pack_sequences(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
+                   pad_id: int, pad_multiple: int = 1) -> TrainBatch:
+  """Right-padded prompt+completion rows; loss_mask on the completion tokens."""
+  if len(prompts) != len(completions) or not prompts:
+    raise ValueError(f"need the same non-zero number of prompts and completions, got "
+                     f"{len(prompts)} and {len(completions)}")
+  lengths = [len(p) + len(c) for p, c in zip(prompts, completions)]
+  # Rounding T up keeps the number of distinct shapes (and so of jit compilations) small.
+  t = _round_up(max(lengths), max(pad_multiple, 1))
+  b = len(prompts)
+  input_ids = np.full((b, t), pad_id, np.int32)
+  attention = np.zeros((b, t), np.int32)
+  loss_mask = np.zeros((b, t), np.float32)
+  for i, (p, c) in enumerate(zip(prompts, completions)):
+    if not p:
+      raise ValueError(f"row {i}: empty prompt (position 0 has nothing to condition on)")
+    input_ids[i, :lengths[i]] = list(p) + list(c)
+    attention[i, :lengths[i]] = 1
+    loss_mask[i, len(p):lengths[i]] = 1
+  return TrainBatch(input_ids=input_ids, attention_mask=attention, loss_mask=loss_mask)
+
+
+def make_train_batch(groups: Sequence[Group], pad_id: int, pad_multiple: int = 1) -> TrainBatch:
+  """Packs scored groups: extras `advantages` [B] and `generation_logprobs` [B, T]."""
+  prompts, completions, advantages, gen_lps = [], [], [], []
+  for g in groups:
+    if g.advantages is None:
+      raise ValueError(f"group {g.task.get('instance_id', '?')!r} has no advantages yet")
+    for c, a in zip(g.completions, g.advantages):
+      if len(c.logprobs) != len(c.token_ids):
+        raise ValueError(f"completion of {g.task.get('instance_id', '?')!r}: {len(c.token_ids)} "
+                         f"tokens but {len(c.logprobs)} logprobs (ask the sampler for logprobs)")
+      prompts.append(g.prompt_ids)
+      completions.append(c.token_ids)
+      advantages.append(a)
+      gen_lps.append(c.logprobs)
+  batch = pack_sequences(prompts, completions, pad_id, pad_multiple)
+  gen = np.zeros(batch.input_ids.shape, np.float32)
+  for i, (p, lps) in enumerate(zip(prompts, gen_lps)):
+    gen[i, len(p):len(p) + len(lps)] = lps
+  batch.extras["advantages"] = np.asarray(advantages, np.float32)
+  batch.extras["generation_logprobs"] = gen
+  return batch

@@ -1,0 +1,70 @@
+"""SFT warm start (`config.grpo.sft_warmup`): a few steps of masked NLL on (prompt, gold answer).
+
+A random-init tiny model almost never samples a right answer, so GRPO would see only flat groups;
+a short SFT on the training split's gold answers gets it to the format and some accuracy first.
+The environment supplies the target through `gold_completion(task)`. The loss is the NLL on the
+answer tokens + EOS (the prompt is context only), normalized per the micro-batching contract.
+
+The Policy seam has no learning-rate argument: when the policy offers `set_learning_rate(lr)`
+(None restores its schedule), the warm start runs at `sft_warmup.lr`; otherwise at the
+policy's own schedule, and it says so in the log.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from dockyard.grpo.batch import encode_prompt, pack_sequences
+from dockyard.policy import LossFn, Policy, TrainBatch
+
+log = logging.getLogger(__name__)
+
+
+def make_sft_batch(env, tokenizer, tasks: Sequence[Mapping[str, Any]], pad_multiple: int = 1) -> TrainBatch:
+  """Prompt ids (chat template) + gold answer ids + EOS; loss on the answer and EOS."""
+  if not hasattr(env, "gold_completion"):
+    raise TypeError(f"{type(env).__name__} has no gold_completion(task); the SFT warm start "
+                    "(grpo.sft_warmup.steps > 0) needs one, or set grpo.sft_warmup.steps=0")
+  if tokenizer.eos_token_id is None:
+    raise ValueError("the tokenizer has no eos_token_id; SFT targets must end with EOS")
+  prompts, answers = [], []
+  for task in tasks:
+    prompts.append(encode_prompt(tokenizer, env.prompt_messages(task)))
+    answers.append(tokenizer.encode(env.gold_completion(task), add_special_tokens=False)
+                   + [tokenizer.eos_token_id])
+  pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+  return pack_sequences(prompts, answers, pad_id, pad_multiple)
+
+
+def sft_warmup(policy: Policy, env, tokenizer, tasks: Sequence[Mapping[str, Any]], *, steps: int,
+               batch_size: int, lr: float, loss_fn: LossFn, seed: int = 0, pad_multiple: int = 16,
+               on_step: Callable[[int, dict], None] | None = None) -> list[dict[str, float]]:
+  """Runs `steps` SFT steps on random batches of `tasks`; returns each step's metrics."""
+  if steps <= 0:
+    return []
+  if batch_size < 1:
+    raise ValueError(f"grpo.sft_warmup.batch_size must be >= 1, got {batch_size}")
+  if not tasks:
+    raise ValueError("SFT warm start: no training tasks")
+  rng = np.random.default_rng(seed)
+  can_set_lr = hasattr(policy, "set_learning_rate")
+  if can_set_lr:
+    policy.set_learning_rate(lr)
+  else:
+    log.warning("%s has no set_learning_rate(); SFT warm start uses the policy's own schedule, "
+                "not grpo.sft_warmup.lr=%g", type(policy).__name__, lr)
+  history = []
+  try:
+    for step in range(steps):
+      idx = rng.choice(len(tasks), size=min(batch_size, len(tasks)), replace=False)
+      batch = make_sft_batch(env, tokenizer, [tasks[i] for i in idx], pad_multiple)
+      metrics = {k: float(v) for k, v in policy.train_step(batch, loss_fn).items()}
+      history.append(metrics)
+      if on_step is not None:
+        on_step(step, metrics)
+  finally:
+    if can_set_lr:
+      policy.set_learning_rate(None)
+  return history

@@ -1,0 +1,366 @@
+"""The synchronous GRPO loop, `grpo_train`, composed from step pieces the async loop reuses.
+
+One step: sample prompts -> `collect_groups` (Generator: n completions per prompt) ->
+`score_groups` (Environment, many scorings in flight on one asyncio loop) -> `assign_advantages`
+(shaping, estimator, zero-variance groups reported / dropped) -> `train_on_groups` (recompute
+prev (and reference) logprobs, `Policy.train_step` with the clipped-PG loss) -> `refit`
+(`mark_stale` -> `sync_weights` -> `prepare_for_generation`) -> log, validate, checkpoint.
+
+The loop knows no backend or engine: it drives the `Policy` / `Generator` seams and a weight
+synchronizer (`dockyard.refit.synchronizer.WeightSynchronizer`: `mark_stale()`,
+`sync_weights() -> metrics`, `prepare_for_generation()`, `version`). The loss matching the
+policy's backend comes from `make_losses(config)`.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import math
+import os
+import time
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from dockyard import workdir as workdir_lib
+from dockyard.grpo import checkpoints
+from dockyard.grpo.advantages import compute_advantages
+from dockyard.grpo.batch import Group, encode_prompt, make_train_batch
+from dockyard.grpo.loss_spec import LossConfig
+from dockyard.grpo.sft import sft_warmup
+from dockyard.grpo.shaping import ShapingConfig, shape_reward
+from dockyard.policy import LossFn, Policy
+from dockyard.rollout.base import Completion, Generator, SamplingParams
+
+log = logging.getLogger(__name__)
+
+# Rows are padded to a multiple of this many tokens so the trainer compiles few distinct shapes.
+PAD_MULTIPLE = 16
+
+
+class PromptSampler:
+  """Deterministic epochs over the training tasks: a fresh seeded permutation per epoch."""
+
+  def __init__(self, tasks: Sequence[Mapping[str, Any]], seed: int = 0):
+    if not tasks:
+      raise ValueError("no training tasks to sample prompts from")
+    self.tasks, self.seed = list(tasks), int(seed)
+    self.epoch, self.pos = 0, 0
+
+  def _order(self) -> np.ndarray:
+    return np.random.default_rng([self.seed, self.epoch]).permutation(len(self.tasks))
+
+  def next(self, k: int) -> list[Mapping[str, Any]]:
+    out = []
+    while len(out) < k:
+      order = self._order()
+      take = order[self.pos:self.pos + k - len(out)]
+      out.extend(self.tasks[i] for i in take)
+      self.pos += len(take)
+      if self.pos >= len(self.tasks):
+        self.epoch, self.pos = self.epoch + 1, 0
+    return out
+
+  def state(self) -> dict:
+    return dict(epoch=self.epoch, pos=self.pos)
+
+  def load(self, state: Mapping[str, int]) -> None:
+    self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
+
+
+def _decode(tokenizer, c: Completion) -> str:
+  return c.text if c.text else tokenizer.decode(c.token_ids, skip_special_tokens=True)
+
+
+def collect_groups(generator: Generator, env, tokenizer, tasks: Sequence[Mapping[str, Any]], n: int,
+                   sampling: SamplingParams) -> list[Group]:
+  """Generates `n` completions per task; returns unscored groups."""
+  prompts = [encode_prompt(tokenizer, env.prompt_messages(t)) for t in tasks]
+  outs = generator.generate(prompts, n, sampling)
+  if len(outs) != len(tasks) or any(len(o) != n for o in outs):
+    raise RuntimeError(f"generator returned {[len(o) for o in outs]} completions for {len(tasks)} "
+                       f"prompts x n={n}")
+  return [Group(task=t, prompt_ids=p, completions=list(o), texts=[_decode(tokenizer, c) for c in o])
+          for t, p, o in zip(tasks, prompts, outs)]
+
+
+async def score_groups(env, groups: Sequence[Group], max_in_flight: int = 64) -> None:
+  """Fills `group.rewards`, with up to `max_in_flight` scorings awaiting at once."""
+  sem = asyncio.Semaphore(max(1, max_in_flight))
+
+  async def one(task, text):
+    async with sem:
+      return await env.score(task, text)
+
+  results = await asyncio.gather(*[one(g.task, t) for g in groups for t in g.texts])
+  i = 0
+  for g in groups:
+    g.rewards = list(results[i:i + g.size])
+    i += g.size
+
+
+def assign_advantages(groups: Sequence[Group], config) -> tuple[list[Group], dict[str, float]]:
+  """Shapes rewards and sets advantages; returns (groups to train on, stats)."""
+  shaping = ShapingConfig.from_config(config)
+  adv_cfg = config.grpo.advantage
+  raw = np.array([[r.value for r in g.rewards] for g in groups], np.float64)
+  shaped = np.array([[shape_reward(r.value, r.malformed, len(c.token_ids), shaping)
+                      for r, c in zip(g.rewards, g.completions)] for g in groups], np.float64)
+  components = None
+  names = sorted({k for g in groups for r in g.rewards for k in r.components})
+  if names:
+    components = {k: [[r.components.get(k, 0.0) for r in g.rewards] for g in groups] for k in names}
+    penalty = shaped - shaping.scale * raw
+    if np.any(penalty != 0):   # shaping is one more reward for GDPO to normalize
+      components["shaping"] = penalty
+  adv = compute_advantages(shaped, adv_cfg.estimator, leave_one_out=adv_cfg.leave_one_out,
+                           normalize_std=adv_cfg.normalize_std, components=components)
+  for g, s, a in zip(groups, shaped, adv.values):
+    g.shaped, g.advantages = s.astype(np.float32), a
+  drop = adv.zero_variance if config.grpo.dynamic_sampling else np.zeros(len(groups), bool)
+  kept = [g for g, d in zip(groups, drop) if not d]
+  stats = {
+      "reward/raw_mean": float(raw.mean()), "reward/raw_std": float(raw.std()),
+      "reward/shaped_mean": float(shaped.mean()), "reward/shaped_std": float(shaped.std()),
+      "reward/malformed_fraction": float(np.mean([r.malformed for g in groups for r in g.rewards])),
+      "groups/zero_variance_fraction": adv.zero_variance_fraction,
+      "groups/kept": float(len(kept)),
+      "advantages/abs_mean": float(np.abs(adv.values).mean()),
+  }
+  return kept, stats
+
+
+def rollout_stats(groups: Sequence[Group], generate_s: float) -> dict[str, float]:
+  completions = [c for g in groups for c in g.completions]
+  lengths = np.array([len(c.token_ids) for c in completions], np.float64)
+  lps = np.concatenate([np.asarray(c.logprobs, np.float64) for c in completions] or [np.zeros(0)])
+  return {
+      "rollout/completion_len_mean": float(lengths.mean()),
+      "rollout/completion_len_max": float(lengths.max()),
+      "rollout/truncated_fraction": float(np.mean([c.finish_reason == "length" for c in completions])),
+      # -mean log p of the sampled tokens: a one-sample estimate of the per-token entropy.
+      "rollout/entropy_approx": float(-lps.mean()) if lps.size else float("nan"),
+      "perf/tokens_per_s": float(lengths.sum() / generate_s) if generate_s > 0 else float("nan"),
+  }
+
+
+def importance_stats(prev: np.ndarray, gen: np.ndarray, mask: np.ndarray, cap: float | None) -> dict:
+  """Trainer-vs-sampler mismatch: exp(prev - generation) over the loss tokens."""
+  diff = (prev - gen)[mask > 0].astype(np.float64)
+  if diff.size == 0:
+    return {}
+  ratio = np.exp(diff)
+  out = {"is/ratio_mean": float(ratio.mean()), "is/ratio_min": float(ratio.min()),
+         "is/ratio_max": float(ratio.max()), "is/logprob_abs_diff_mean": float(np.abs(diff).mean())}
+  if cap:
+    out["is/truncated_fraction"] = float((ratio > cap).mean())
+  return out
+
+
+def train_on_groups(policy: Policy, groups: Sequence[Group], loss_fn: LossFn, *, pad_id: int,
+                    kl_coef: float = 0.0, reference: Policy | None = None,
+                    is_cap: float | None = None, pad_multiple: int = PAD_MULTIPLE) -> dict[str, float]:
+  """Packs the groups, recomputes prev (and reference) logprobs, takes one optimizer step."""
+  batch = make_train_batch(groups, pad_id, pad_multiple)
+  m = batch.loss_mask
+  # prev_logprobs: the policy as it is before this step, so the ratio starts at exactly 1.
+  batch.extras["prev_logprobs"] = np.asarray(policy.logprobs(batch), np.float32) * m
+  if kl_coef != 0:
+    if reference is None:
+      raise ValueError("loss_fn.reference_policy_kl_penalty != 0 needs a reference policy; pass "
+                       "reference=... or set the penalty to 0")
+    batch.extras["reference_logprobs"] = np.asarray(reference.logprobs(batch), np.float32) * m
+  metrics = importance_stats(batch.extras["prev_logprobs"], batch.extras["generation_logprobs"], m, is_cap)
+  metrics.update({f"train/{k}": float(v) for k, v in policy.train_step(batch, loss_fn).items()})
+  metrics["train/sequences"] = float(batch.batch_size)
+  metrics["train/tokens"] = float(m.sum())
+  return metrics
+
+
+def refit(synchronizer) -> dict[str, float]:
+  """Trainer -> engine: mark stale, move the weights, make the engine ready; sync metrics."""
+  synchronizer.mark_stale()
+  sync_metrics = synchronizer.sync_weights() or {}
+  synchronizer.prepare_for_generation()
+  out = {}
+  for k, v in sync_metrics.items():
+    if isinstance(v, (int, float, np.number)) and not isinstance(v, bool):
+      out[f"refit/{k}"] = float(v)
+  return out
+
+
+def run_validation(generator: Generator, env, tokenizer, tasks: Sequence[Mapping[str, Any]],
+                   sampling: SamplingParams, loop: asyncio.AbstractEventLoop,
+                   max_in_flight: int = 64) -> dict[str, float]:
+  """One completion per held-out task at the validation temperature; `val/*` metrics."""
+  groups = collect_groups(generator, env, tokenizer, tasks, 1, sampling)
+  loop.run_until_complete(score_groups(env, groups, max_in_flight))
+  rewards = [g.rewards[0] for g in groups]
+  out = {"val/reward_mean": float(np.mean([r.value for r in rewards])),
+         "val/malformed_fraction": float(np.mean([r.malformed for r in rewards])),
+         "val/completion_len_mean": float(np.mean([len(g.completions[0].token_ids) for g in groups]))}
+  if hasattr(env, "validation_metrics"):
+    out.update({f"val/{k}": float(v) for k, v in env.validation_metrics(rewards).items()})
+  return out
+
+
+def make_losses(config) -> tuple[LossFn, LossFn]:
+  """(clipped-PG loss, SFT NLL loss) for `config.policy.backend`."""
+  cfg = LossConfig.from_config(config)
+  backend = config.policy.backend
+  if backend == "jax":
+    from dockyard.grpo import loss_jax
+    return loss_jax.make_pg_loss(cfg), loss_jax.nll_loss
+  if backend == "torch":
+    try:
+      from dockyard.trainer_torch import loss as torch_loss
+    except ImportError as e:
+      raise NotImplementedError("config.policy.backend='torch': dockyard.trainer_torch.loss "
+                                "(make_pg_loss, nll_loss) is not built yet") from e
+    return torch_loss.make_pg_loss(cfg), torch_loss.nll_loss
+  raise ValueError(f"config.policy.backend must be 'jax' or 'torch', got {backend!r}")
+
+
+@contextlib.contextmanager
+def _timed(times: dict, key: str):
+  t0 = time.perf_counter()
+  try:
+    yield
+  finally:
+    times[f"time/{key}"] = times.get(f"time/{key}", 0.0) + time.perf_counter() - t0
+
+
+def _live_line(step: int, m: Mapping[str, float]) -> str:
+  def f(key, fmt="{:.3f}"):
+    v = m.get(key)
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v)
+  return (f"step {step} reward {f('reward/raw_mean')} zero-var {f('groups/zero_variance_fraction', '{:.2f}')} "
+          f"clip {f('train/clip_fraction')} len {f('rollout/completion_len_mean', '{:.1f}')} "
+          f"gen {f('time/generate', '{:.1f}')}s train {f('time/train', '{:.1f}')}s "
+          f"refit {f('time/refit', '{:.1f}')}s")
+
+
+@dataclasses.dataclass
+class TrainResult:
+  steps: int                        # GRPO steps done (including resumed ones)
+  last_metrics: dict[str, float]
+  val_history: list[dict[str, float]]
+  best: dict | None                 # best-k entry {step, value, path} or None
+  resumed_from: int | None          # the step resumed from, None on a fresh start
+
+
+def grpo_train(config, *, policy: Policy, generator: Generator, synchronizer, env, tokenizer,
+               train_tasks: Sequence[Mapping[str, Any]], val_tasks: Sequence[Mapping[str, Any]],
+               workdir: str, reference: Policy | None = None,
+               losses: tuple[LossFn, LossFn] | None = None, progress: bool = True) -> TrainResult:
+  """Synchronous GRPO for `config.grpo.max_num_steps` steps; resumes from workdir/checkpoints."""
+  g, ck = config.grpo, config.checkpoint
+  pg_loss, nll = losses or make_losses(config)
+  kl_coef = float(config.loss_fn.reference_policy_kl_penalty)
+  if kl_coef != 0 and reference is None:
+    raise ValueError("loss_fn.reference_policy_kl_penalty != 0 needs a reference policy (reference=...)")
+  is_cap = (float(config.loss_fn.truncated_importance_sampling_ratio)
+            if config.loss_fn.use_importance_sampling_correction else None)
+  pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+  max_in_flight = int(config.env.code.max_in_flight) if "code" in config.env else 64
+  r = config.rollout
+  sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, max_tokens=r.max_new_tokens)
+  val_sampling = SamplingParams(temperature=r.val_temperature, top_p=1.0, max_tokens=r.max_new_tokens,
+                                seed=config.run.seed)
+  val_tasks = list(val_tasks)[:g.max_val_samples]
+  ckpt_root = os.path.join(workdir, "checkpoints")
+  os.makedirs(ckpt_root, exist_ok=True)
+  best = checkpoints.BestK(ckpt_root, ck.keep_top_k, ck.metric_mode)
+  sampler = PromptSampler(train_tasks, seed=config.data.shuffle_seed)
+  writer = workdir_lib.MetricWriter(workdir, tensorboard=config.logging.tensorboard)
+  loop = asyncio.new_event_loop()
+  val_history: list[dict] = []
+  metrics: dict[str, float] = {}
+
+  def validate_and_keep(step: int) -> dict:
+    val_times: dict[str, float] = {}
+    with _timed(val_times, "validate"):
+      val = run_validation(generator, env, tokenizer, val_tasks, val_sampling, loop, max_in_flight)
+    val.update(val_times)
+    val_history.append({"step": step, **val})
+    if ck.enabled:
+      if ck.metric not in val:
+        raise ValueError(f"config.checkpoint.metric {ck.metric!r} is not a validation metric of "
+                         f"env {config.env.name!r}; it reports {sorted(val)}")
+      val["checkpoint/saved_best"] = float(best.offer(step, val[ck.metric], policy.save))
+    return val
+
+  start, resumed_from = 0, None
+  try:
+    latest = checkpoints.load_latest(ckpt_root) if ck.enabled else None
+    if latest is not None:
+      path, state = latest
+      policy.restore(path)
+      start = resumed_from = int(state["step"])
+      sampler.load(state["sampler"])
+      log.info("resumed from %s at step %d", path, start)
+    elif g.sft_warmup.steps > 0:
+      sw = g.sft_warmup
+      sft_warmup(policy, env, tokenizer, train_tasks, steps=sw.steps, batch_size=sw.batch_size, lr=sw.lr,
+                 loss_fn=nll, seed=config.run.seed, pad_multiple=PAD_MULTIPLE,
+                 on_step=lambda i, m: writer.write(i, {f"sft/{k}": v for k, v in m.items()}))
+    if latest is not None or g.sft_warmup.steps > 0:
+      refit(synchronizer)   # the engine still holds the initial weights
+    if g.val_at_start and start == 0 and val_tasks:
+      writer.write(0, validate_and_keep(0))
+
+    bar = None
+    if progress:
+      from tqdm import tqdm
+      bar = tqdm(total=g.max_num_steps, initial=start, desc="grpo", dynamic_ncols=True)
+    for step in range(start + 1, g.max_num_steps + 1):
+      times: dict[str, float] = {}
+      t_step = time.perf_counter()
+      tasks = sampler.next(g.num_prompts_per_step)
+      sampling.seed = config.run.seed * 1_000_003 + step   # reproducible samples per step
+      with _timed(times, "generate"):
+        groups = collect_groups(generator, env, tokenizer, tasks, g.num_generations_per_prompt, sampling)
+      with _timed(times, "score"):
+        loop.run_until_complete(score_groups(env, groups, max_in_flight))
+      kept, metrics = assign_advantages(groups, config)
+      metrics.update(rollout_stats(groups, times["time/generate"]))
+      if kept:
+        with _timed(times, "train"):
+          metrics.update(train_on_groups(policy, kept, pg_loss, pad_id=pad_id, kl_coef=kl_coef,
+                                         reference=reference, is_cap=is_cap))
+        with _timed(times, "refit"):
+          metrics.update(refit(synchronizer))
+      else:   # every group was flat and dynamic sampling dropped them all: nothing to learn
+        metrics["train/skipped"] = 1.0
+      metrics["weight_version"] = float(synchronizer.version)
+      if g.val_period > 0 and step % g.val_period == 0 and val_tasks:
+        metrics.update(validate_and_keep(step))
+      if ck.enabled and (step % ck.save_period == 0 or step == g.max_num_steps):
+        with _timed(times, "checkpoint"):
+          checkpoints.save_latest(ckpt_root, policy.save, dict(step=step, sampler=sampler.state()))
+      times["time/step"] = time.perf_counter() - t_step
+      metrics.update(times)
+      writer.write(step, metrics)
+      line = _live_line(step, metrics)
+      if bar is not None:
+        bar.set_postfix_str(line.split(" ", 2)[2], refresh=False)
+        bar.update(1)
+      else:
+        log.info(line)
+    if bar is not None:
+      bar.close()
+  finally:
+    writer.close()
+    try:
+      loop.run_until_complete(env.close())
+    finally:
+      loop.close()
+  if config.logging.png_curve and os.path.exists(os.path.join(workdir, "metrics.jsonl")):
+    workdir_lib.plot_curves(os.path.join(workdir, "metrics.jsonl"), os.path.join(workdir, "curves.png"),
+                            ("reward/raw_mean", ck.metric, "groups/zero_variance_fraction",
+                             "train/clip_fraction", "rollout/completion_len_mean"),
+                            title=config.run.name)
+  return TrainResult(steps=max(start, g.max_num_steps), last_metrics=metrics, val_history=val_history,
+                     best=best.best, resumed_from=resumed_from)

@@ -1,0 +1,171 @@
+"""Small stand-ins for the heavy parts, for unit-testing the GRPO loop's wiring on CPU in seconds.
+
+The real end-to-end test (JAX trainer + CPU vLLM + the refit synchronizer) comes with the
+integration issue; these fakes implement the same seams faithfully enough to catch wiring bugs:
+  BigramPolicy     a real JAX policy (a [V, V] next-token logit table) implementing `Policy`,
+                   including the LossFn micro-batching contract and an optax optimizer.
+  BigramGenerator  samples from the same table in NumPy and reports per-token logprobs.
+  FakeSynchronizer moves the policy's named weights into the generator and measures a canary.
+"""
+from __future__ import annotations
+
+import os
+from typing import Iterable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from dockyard.policy import Policy, TrainBatch
+from dockyard.rollout.base import Completion, Generator, SamplingParams
+
+WEIGHT = "bigram.weight"
+
+
+def _bigram_logprobs(table, ids):
+  lsm = jax.nn.log_softmax(table[ids[:, :-1]], axis=-1)
+  taken = jnp.take_along_axis(lsm, ids[:, 1:, None], axis=-1)[..., 0]
+  return jnp.pad(taken, ((0, 0), (1, 0)))
+
+
+class BigramPolicy(Policy):
+  def __init__(self, vocab_size: int, lr: float = 0.05, micro_batch_size: int = 8, seed: int = 0):
+    self.table = jnp.asarray(np.random.default_rng(seed).normal(scale=0.1, size=(vocab_size, vocab_size)),
+                             jnp.float32)
+    self.base_lr = lr
+    self.opt = optax.inject_hyperparams(optax.adam)(learning_rate=lr)
+    self.opt_state = self.opt.init(self.table)
+    self.micro_batch_size = micro_batch_size
+    self._step = 0
+    self._grad_fns = {}
+    self.lr_calls = []
+
+  @classmethod
+  def from_hf(cls, path, config):
+    raise NotImplementedError("test fake")
+
+  def logprobs(self, batch: TrainBatch) -> np.ndarray:
+    return np.asarray(_bigram_logprobs(self.table, jnp.asarray(batch.input_ids)))
+
+  def _grad_fn(self, loss_fn):
+    if id(loss_fn) not in self._grad_fns:
+      def f(table, ids, mask, extras):
+        return loss_fn(_bigram_logprobs(table, ids), mask, extras)
+      self._grad_fns[id(loss_fn)] = (loss_fn, jax.jit(jax.value_and_grad(f, has_aux=True)))
+    return self._grad_fns[id(loss_fn)][1]
+
+  def train_step(self, batch: TrainBatch, loss_fn) -> dict[str, float]:
+    grad_fn = self._grad_fn(loss_fn)
+    m = batch.loss_mask
+    totals = dict(total_tokens=np.float32(m.sum()), total_sequences=np.float32((m.sum(-1) > 0).sum()))
+    grads, metrics = jnp.zeros_like(self.table), {}
+    for lo in range(0, batch.batch_size, self.micro_batch_size):
+      sl = slice(lo, lo + self.micro_batch_size)
+      extras = {k: v[sl] for k, v in batch.extras.items()} | totals
+      (_, mm), g = grad_fn(self.table, jnp.asarray(batch.input_ids[sl]), jnp.asarray(m[sl]), extras)
+      grads = grads + g
+      for k, v in mm.items():
+        metrics[k] = metrics.get(k, 0.0) + float(v)
+    updates, self.opt_state = self.opt.update(grads, self.opt_state, self.table)
+    self.table = optax.apply_updates(self.table, updates)
+    self._step += 1
+    metrics["grad_norm"] = float(optax.global_norm(grads))
+    return metrics
+
+  def set_learning_rate(self, lr):
+    self.lr_calls.append(lr)
+    self.opt_state.hyperparams["learning_rate"] = jnp.asarray(self.base_lr if lr is None else lr)
+
+  def named_weights(self):
+    yield WEIGHT, np.asarray(self.table)
+
+  def save(self, directory: str) -> None:
+    os.makedirs(directory)   # like orbax: the directory must not exist yet
+    np.savez(os.path.join(directory, "bigram.npz"), table=np.asarray(self.table), step=self._step)
+
+  def restore(self, directory: str) -> None:
+    data = np.load(os.path.join(directory, "bigram.npz"))
+    self.table, self._step = jnp.asarray(data["table"]), int(data["step"])
+    self.opt_state = self.opt.init(self.table)
+
+  @property
+  def step(self) -> int:
+    return self._step
+
+
+class BigramGenerator(Generator):
+  def __init__(self, table: np.ndarray, eos_id: int):
+    self.table, self.eos_id = np.asarray(table, np.float64), eos_id
+    self._version, self.ready = 0, True
+    self.requests = []
+
+  def generate(self, prompt_ids: Sequence[Sequence[int]], n: int, sampling: SamplingParams):
+    assert self.ready, "generate() before prepare_for_generation() after a weight update"
+    self.requests.append((len(prompt_ids), n, sampling.temperature, sampling.seed))
+    rng = np.random.default_rng(sampling.seed)
+    out = []
+    for prompt in prompt_ids:
+      group = []
+      for _ in range(n):
+        last, toks, lps = prompt[-1], [], []
+        for _ in range(sampling.max_tokens):
+          logits = self.table[last]
+          lsm = logits - np.logaddexp.reduce(logits)
+          if sampling.temperature == 0:
+            tok = int(np.argmax(logits))
+          else:
+            p = np.exp((logits - logits.max()) / sampling.temperature)
+            tok = int(rng.choice(len(p), p=p / p.sum()))
+          toks.append(tok)
+          lps.append(float(lsm[tok]))
+          last = tok
+          if tok == self.eos_id:
+            break
+        reason = "stop" if toks[-1] == self.eos_id else "length"
+        group.append(Completion(prompt_ids=list(prompt), token_ids=toks, logprobs=lps,
+                                finish_reason=reason, weight_version=self._version))
+      out.append(group)
+    return out
+
+  def update_weights(self, named_tensors: Iterable, version: int) -> None:
+    self.table = np.asarray(dict(named_tensors)[WEIGHT], np.float64)
+    self._version, self.ready = version, False
+
+  def prepare_for_generation(self) -> None:
+    self.ready = True
+
+  @property
+  def weight_version(self) -> int:
+    return self._version
+
+
+class FakeSynchronizer:
+  """The `WeightSynchronizer` interface the loop expects; records the order of calls."""
+
+  def __init__(self, policy: BigramPolicy, generator: BigramGenerator):
+    self.policy, self.generator = policy, generator
+    self.calls: list[str] = []
+    self._version = 0
+
+  def mark_stale(self):
+    self.calls.append("mark_stale")
+
+  def sync_weights(self) -> dict:
+    self.calls.append("sync_weights")
+    self._version += 1
+    self.generator.update_weights(self.policy.named_weights(), self._version)
+    probe = np.arange(8)[None] % self.generator.table.shape[0]
+    want = self.policy.logprobs(TrainBatch(probe, np.ones_like(probe), np.ones_like(probe)))[0, 1:]
+    lsm = self.generator.table - np.logaddexp.reduce(self.generator.table, axis=-1, keepdims=True)
+    got = lsm[probe[0, :-1], probe[0, 1:]]
+    return {"canary_max_abs_logprob_delta": float(np.abs(want - got).max()), "version": self._version,
+            "ok": True}
+
+  def prepare_for_generation(self):
+    self.calls.append("prepare_for_generation")
+    self.generator.prepare_for_generation()
+
+  @property
+  def version(self) -> int:
+    return self._version
