@@ -131,6 +131,8 @@ class TorchPolicy(Policy):
       raise ValueError(f"learning rate must be a finite number >= 0, got {lr}")
     self._lr_override = None if lr is None else float(lr)
 
+  set_learning_rate = set_lr  # the name the GRPO loop's SFT warm start calls (dockyard.grpo.sft)
+
   # ---- forward ----------------------------------------------------------------------------------
 
   def _rank_slice(self, batch: TrainBatch):

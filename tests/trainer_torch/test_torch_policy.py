@@ -166,7 +166,7 @@ def test_checkpoints_keep_latest_and_best_and_restore_bookkeeping(build_policy, 
     policy.train_step(torch_common.with_prev(batch, policy.logprobs(batch)), loss_fn)
     next(it)
     if step == 2:
-      policy.set_lr(0.123)
+      policy.set_learning_rate(0.123)   # dockyard.grpo.sft's name for JaxPolicy.set_lr
     policy.save(directory, data_iter=it, metrics={"val/acc": acc})
   assert policy.checkpointer(directory).all_steps() == [2, 3]   # the best (0.9) and the latest
   weights = dict(policy.named_weights())
