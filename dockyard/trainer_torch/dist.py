@@ -77,7 +77,8 @@ def all_reduce_sum(values: dict[str, torch.Tensor]) -> dict[str, float]:
   if not values:
     return {}
   keys = sorted(values)
-  stacked = torch.stack([values[k].detach().to(torch.float64).reshape(()) for k in keys])
+  # On the collective's device: NCCL reduces only GPU tensors, gloo only CPU ones.
+  stacked = torch.stack([values[k].detach().to(device_type(), torch.float64).reshape(()) for k in keys])
   if world_size() > 1:
     dist.all_reduce(stacked, op=dist.ReduceOp.SUM)
   return {k: float(v) for k, v in zip(keys, stacked.tolist())}
