@@ -101,10 +101,10 @@ def get_config(arg=None):
       num_prompts_per_step=8 if full else 4,
       num_generations_per_prompt=8 if full else 4,
       max_rollout_turns=1,
-      max_num_steps=500 if full else 20,
+      max_num_steps=500 if full else 15,
       val_period=10 if full else 5,
       val_at_start=True,
-      max_val_samples=64 if full else 8,
+      max_val_samples=64 if full else 20,   # tiny: all 20 training tasks (validation = train here)
       advantage=dict(
           estimator="grpo",         # grpo | gdpo | reinforce++
           leave_one_out=True,
@@ -118,7 +118,7 @@ def get_config(arg=None):
           overlong_buffer=0,        # tokens before max_new_tokens where the penalty ramps up
       ),
       sft_warmup=dict(
-          steps=0 if full else 30,  # SFT on the training split's gold answers before GRPO
+          steps=0 if full else 100,  # SFT on the training split's gold answers before GRPO
           lr=1e-3,
           batch_size=8,
       ),
@@ -198,7 +198,9 @@ def get_config(arg=None):
       code=dict(
           sandbox_urls=("http://localhost:9090",) if full else (),  # () : the local fleet
           reward="resolved",     # resolved | pass_rate
-          prompt_token_budget=12000 if full else 1024,
+          # tiny: short prompts keep each train step cheap on 2 CPU cores (issue ~200 + code excerpt).
+          prompt_token_budget=12000 if full else 512,
+          issue_token_budget=0 if full else 200,   # >0: the problem statement is cut to this many tokens
           request_timeout_s=600.0,
           max_in_flight=256 if full else 16,
       ),

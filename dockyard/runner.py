@@ -68,6 +68,7 @@ def build_env(config, tokenizer, stack: contextlib.ExitStack) -> tuple[Any, list
   client = SandboxClient.from_config(config, urls=urls)
   count = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])
   env = SweEnv(client, count, prompt_token_budget=config.env.code.prompt_token_budget,
+               issue_token_budget=config.env.code.get("issue_token_budget", 0),
                reward=config.env.code.reward, repos_dir=repos_dir)
   return env, train, val, test
 

@@ -1,6 +1,6 @@
 """The single-shot SWE environment: a task's prompt in, one completion's patch graded by the sandbox out.
 
-Prompt = the problem statement + the relevant source files of the repository at `base_commit`.
+Prompt = the problem statement (cut to `env.code.issue_token_budget` when set) + the relevant source files of the repository at `base_commit`.
 Which files: the files the task's gold patch edits (SWE-bench's "oracle" retrieval), read from the
 local task repository with `git show base_commit:path`. The budget (`env.code.prompt_token_budget`,
 in tokens of the policy's tokenizer) is spent file by file; a file that does not fit whole is cut
@@ -60,10 +60,26 @@ def _windows(lines: list[str], spans: list[tuple[int, int]], radius: int) -> str
   return "\n".join(parts) + "\n..."
 
 
+def shorten_issue(text: str, count_tokens: Callable[[str], int], budget: int,
+                  line_chars: int = 100) -> str:
+  """`text` cut to about `budget` tokens: long lines (tracebacks, reprs) first cut to `line_chars`,
+  then lines dropped from the end. The head holds the title, the failing test and its check."""
+  text = text.strip()
+  if budget <= 0 or count_tokens(text) <= budget:
+    return text
+  lines = [ln if len(ln) <= line_chars else ln[:line_chars] + " ..." for ln in text.split("\n")]
+  while len(lines) > 1 and count_tokens("\n".join(lines)) > budget:
+    lines.pop()
+  return "\n".join(lines) + "\n..."
+
+
 def build_prompt(task: Mapping[str, Any], read_file: Callable[[str], str | None],
-                 count_tokens: Callable[[str], int], budget: int) -> list[dict[str, str]]:
-  """Chat messages for `task` with the gold-patch files fitted into `budget` tokens."""
-  header = f"Repository: {task['repo']}\n\nIssue:\n{task['problem_statement'].strip()}\n"
+                 count_tokens: Callable[[str], int], budget: int,
+                 issue_budget: int = 0) -> list[dict[str, str]]:
+  """Chat messages for `task` with the gold-patch files fitted into `budget` tokens (the issue
+  first cut to `issue_budget` tokens when that is > 0, so the code keeps some room)."""
+  issue = shorten_issue(task["problem_statement"], count_tokens, issue_budget)
+  header = f"Repository: {task['repo']}\n\nIssue:\n{issue}\n"
   used = count_tokens(SYSTEM_PROMPT) + count_tokens(header) + 32
   sections = []
   spans = gold_hunk_lines(task["patch"]) if task.get("patch") else {}
@@ -91,7 +107,8 @@ class SweEnv(Environment):
   """Scores patches through one `SandboxClient` (many scorings in flight)."""
 
   def __init__(self, client, count_tokens: Callable[[str], int], prompt_token_budget: int = 1024,
-               reward: str = "resolved", repos_dir: str | None = None):
+               reward: str = "resolved", repos_dir: str | None = None, gold_context: int = 1,
+               issue_token_budget: int = 0):
     if reward not in ("resolved", "pass_rate"):
       raise ValueError(f"env.code.reward must be 'resolved' or 'pass_rate', got {reward!r}")
     self.client = client
@@ -99,6 +116,8 @@ class SweEnv(Environment):
     self.budget = prompt_token_budget
     self.reward = reward
     self.repos_dir = repos_dir or default_repos_dir()
+    self.gold_context = gold_context
+    self.issue_budget = issue_token_budget
 
   def _reader(self, task: Mapping[str, Any]) -> Callable[[str], str | None]:
     root = repo_dir(self.repos_dir, task["repo"])
@@ -110,11 +129,12 @@ class SweEnv(Environment):
     return read
 
   def prompt_messages(self, task: Mapping[str, Any]) -> list[dict[str, str]]:
-    return build_prompt(task, self._reader(task), self.count_tokens, self.budget)
+    return build_prompt(task, self._reader(task), self.count_tokens, self.budget, self.issue_budget)
 
   def gold_completion(self, task: Mapping[str, Any]) -> str:
-    """The SFT warm start's target: the gold patch in the answer format the prompt asks for."""
-    return f"```diff\n{task['patch']}```"
+    """The SFT warm start's target: the gold patch, compacted (`patch_extract.compact_patch`: no
+    `index` line, `gold_context` lines of context), in the answer format the prompt asks for."""
+    return f"```diff\n{patch_extract.compact_patch(task['patch'], self.gold_context)}```"
 
   def validation_metrics(self, rewards) -> dict[str, float]:
     n = max(len(rewards), 1)
