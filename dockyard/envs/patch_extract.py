@@ -3,7 +3,8 @@
 Order: the first fenced ```diff / ```patch block (or any fenced block) that parses as a unified diff,
 else the raw text from its first `diff --git` / `--- ` line. Normalization: LF line ends, a final
 newline, `a/` and `b/` prefixes added where a header lacks them, prose after the last hunk dropped
-(hunk line counts decide where a hunk ends). Anything that still does not parse is malformed.
+(hunk line counts decide where a hunk ends). When the header counts do not fit the body, they are
+recounted from the body, as `git apply --recount` does. Anything that still does not parse is malformed.
 """
 from __future__ import annotations
 
@@ -70,17 +71,51 @@ def _trim_and_prefix(text: str) -> str:
   return "\n".join(out).rstrip("\n") + "\n"
 
 
+def _is_body(line: str) -> bool:
+  return line[:1] in (" ", "-", "+", "\\") or line == ""
+
+
+def _recount(text: str) -> str:
+  """Rewrites each hunk header's line counts from the body that follows it (`git apply --recount`).
+
+  Why: a model often gets the body right and the counts wrong (a sampled digit); such a hunk is
+  still a precise edit. The body ends at the next header (`@@`, `--- `+`+++ `, `diff --git`) or at
+  the first line that is not a hunk line; a trailing blank line is not counted."""
+  lines = text.split("\n")
+  out, i = [], 0
+  while i < len(lines):
+    m = _HUNK.match(lines[i])
+    if not m:
+      out.append(lines[i]); i += 1
+      continue
+    j, body = i + 1, []
+    while j < len(lines) and _is_body(lines[j]) and not lines[j].startswith("@@"):
+      if (lines[j].startswith("--- ") and j + 1 < len(lines) and lines[j + 1].startswith("+++ ")):
+        break
+      body.append(lines[j]); j += 1
+    while body and body[-1] == "":
+      body.pop()
+    old = sum(1 for b in body if b[:1] in (" ", "-", ""))
+    new = sum(1 for b in body if b[:1] in (" ", "+", ""))
+    out.append(f"@@ -{m.group(1)},{old} +{m.group(3)},{new} @@")
+    out += [b if b else " " for b in body]
+    i = j
+  return "\n".join(out)
+
+
 def _parse(candidate: str) -> Extracted | None:
   if "@@" not in candidate:
     return None
-  text = _trim_and_prefix(candidate.replace("\r\n", "\n"))
-  try:
-    patch_set = unidiff.PatchSet(text)
-  except unidiff.UnidiffParseError:
-    return None
-  if not len(patch_set) or not any(len(f) for f in patch_set):
-    return None
-  return Extracted(patch=text, files=tuple(f.path for f in patch_set))
+  candidate = candidate.replace("\r\n", "\n")
+  # The header counts first; when they do not fit the body, the body's own counts.
+  for text in (_trim_and_prefix(candidate), _trim_and_prefix(_recount(candidate))):
+    try:
+      patch_set = unidiff.PatchSet(text)
+    except unidiff.UnidiffParseError:
+      continue
+    if len(patch_set) and any(f.added or f.removed for f in patch_set):   # an edit, not just headers
+      return Extracted(patch=text, files=tuple(f.path for f in patch_set))
+  return None
 
 
 def extract_patch(completion: str) -> Extracted:

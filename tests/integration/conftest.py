@@ -28,6 +28,7 @@ def e2e_config():
   that applies keeps PASS_TO_PASS passing, so groups differ before anything resolves)."""
   c = swe.get_config("sync")
   c.grpo.max_num_steps = 2
+  c.optim.warmup_steps = 1             # the schedule needs decay steps (= max_num_steps) > warmup
   c.grpo.num_prompts_per_step = 2
   c.grpo.num_generations_per_prompt = 8
   c.grpo.val_at_start = False
