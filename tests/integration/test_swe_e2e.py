@@ -1,4 +1,4 @@
-"""SWE GRPO end to end with real parts, shortened: SFT on four tasks' gold patches, then two sync GRPO
+"""SWE GRPO end to end with real parts, shortened: SFT on two tasks' gold patches, then two sync GRPO
 steps whose rewards come from the sandbox running the held-out tests.
 
 Checks the two things the default run depends on: the reward pipeline yields groups whose rewards
@@ -18,8 +18,7 @@ from dockyard.grpo.sft import sft_warmup
 from dockyard.grpo.sync_loop import grpo_train, make_losses, refit
 from dockyard.policy import TrainBatch
 
-SFT_STEPS = 40   # four tasks, batch 4: sampled patches apply some of the time, not always (60 on two
-                 # tasks made every group flat: one task always right, one always wrong)
+SFT_STEPS = 60   # two tasks, batch 2: well-formed patches (40 steps on four tasks: all malformed)
 
 
 def _probe(parts, task) -> list[int]:
@@ -40,10 +39,10 @@ def _trainer_logprobs(parts, ids) -> np.ndarray:
 
 @pytest.mark.slow
 def test_sft_then_grpo_on_sandbox_rewards(parts, tmp_path):
-  tasks = parts.train_tasks[:4]
+  tasks = parts.train_tasks[:2]
   c = parts.config
   pg_loss, nll = make_losses(c)
-  history = sft_warmup(parts.policy, parts.env, parts.tokenizer, tasks, steps=SFT_STEPS, batch_size=4,
+  history = sft_warmup(parts.policy, parts.env, parts.tokenizer, tasks, steps=SFT_STEPS, batch_size=2,
                        lr=3e-3, loss_fn=nll, pad_multiple=16)
   assert history[-1]["loss"] < history[0]["loss"]
   refit(parts.synchronizer)
