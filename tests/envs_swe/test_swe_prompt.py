@@ -38,3 +38,21 @@ def test_excerpt_around_gold_hunks_when_it_does_not_fit():
 def test_no_file_when_even_the_smallest_excerpt_is_too_big():
   msgs = swe.build_prompt(TASK, lambda p: BIG, words, budget=40)
   assert "[start of" not in msgs[1]["content"]
+
+
+def test_long_issue_is_cut_to_its_budget_keeping_the_head():
+  issue = "title: x150 is wrong\n" + "\n".join(f"trace line {i} " + "y" * 300 for i in range(50))
+  cut = swe.shorten_issue(issue, words, budget=30)
+  assert cut.startswith("title: x150 is wrong") and cut.endswith("...")
+  assert words(cut) <= 31 and "y" * 101 not in cut
+  assert swe.shorten_issue("short issue", words, budget=30) == "short issue"
+  msgs = swe.build_prompt({**TASK, "problem_statement": issue}, lambda p: BIG, words, budget=250,
+                          issue_budget=30)
+  assert "trace line 49" not in msgs[1]["content"] and "x150 = 150" in msgs[1]["content"]
+
+
+def test_gold_completion_is_the_compact_patch_in_a_diff_fence():
+  env = swe.SweEnv(None, words, gold_context=0)
+  gold = env.gold_completion(TASK)
+  assert gold.startswith("```diff\n--- a/pkg/big.py") and gold.endswith("```")
+  assert "diff --git" not in gold and "x149 = 149" not in gold and "+x150 = 150" in gold
