@@ -1,0 +1,66 @@
+"""Shared by the async tests and their subprocess runner: a small math config, a learnable env,
+and generators that are slow, hang or fail on purpose (around the JAX bigram fakes)."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from dockyard import validate
+from dockyard.envs.base import Reward
+from dockyard.envs.math import MathEnv
+
+from grpo_fakes import BigramGenerator
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def async_config(**over):
+  c = validate.load_config_file(os.path.join(ROOT, "configs/math.py"))
+  c.grpo.async_grpo.enabled = True
+  c.grpo.num_prompts_per_step, c.grpo.num_generations_per_prompt = 4, 8
+  c.grpo.max_num_steps, c.grpo.val_period, c.grpo.max_val_samples = 12, 0, 8
+  c.grpo.val_at_start = False
+  c.grpo.sft_warmup.steps = 0
+  c.grpo.dynamic_sampling = False
+  c.rollout.max_new_tokens = 6
+  c.checkpoint.metric, c.checkpoint.save_period, c.checkpoint.keep_top_k = "val/reward_mean", 4, 2
+  c.logging.tensorboard, c.logging.png_curve = False, False
+  for k, v in over.items():
+    node = c
+    *path, last = k.split(".")
+    for p in path:
+      node = node[p]
+    node[last] = v
+  validate.validate(c)
+  return c
+
+
+class FirstDigitEnv(MathEnv):
+  """Reward 1 when the completion starts with a digit: learnable by a bigram policy."""
+
+  async def score(self, task, completion):
+    return Reward(float(completion.lstrip()[:1].isdigit()), malformed=not completion.strip())
+
+
+class SlowGenerator(BigramGenerator):
+  """Sleeps `delay` s per call; `hang` maps an instance_id-free call index to a longer sleep.
+
+  Thread-safe enough for the collector's worker threads: the table is read once per call.
+  """
+
+  def __init__(self, table, eos_id, delay=0.0, hang_calls=(), hang_s=3.0, fail_on_call=None):
+    super().__init__(table, eos_id)
+    self.delay, self.hang_calls, self.hang_s, self.fail_on_call = delay, set(hang_calls), hang_s, fail_on_call
+    self.calls = 0
+    self._lock = threading.Lock()
+
+  def generate(self, prompt_ids, n, sampling):
+    with self._lock:
+      call = self.calls
+      self.calls += 1
+    if call == self.fail_on_call:
+      raise RuntimeError("engine exploded on purpose")
+    time.sleep(self.hang_s if call in self.hang_calls else self.delay)
+    self.ready = True   # the fake's refit-order check is the sync loop's business, not this one's
+    return super().generate(prompt_ids, n, sampling)
