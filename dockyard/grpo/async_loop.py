@@ -290,7 +290,8 @@ def async_grpo_train(config, *, policy: Policy, generator: Generator, synchroniz
     start, state = start_run(config, policy=policy, synchronizer=synchronizer, env=env, tokenizer=tokenizer,
                              train_tasks=train_tasks, writer=writer, nll=settings.nll, ckpt_root=ckpt_root)
     versions = VersionMap(synchronizer.version, start)
-    buffer = ReplayBuffer(sampler, capacity_in_groups(config), int(a.max_trajectory_age_steps), version=start)
+    buffer = ReplayBuffer(sampler, capacity_in_groups(config), int(a.max_trajectory_age_steps),
+                          int(g.num_prompts_per_step), version=start)
     if state is not None:
       if "buffer" not in state:
         raise ValueError(f"{ckpt_root}/latest was written by the sync loop (no async state); resume it "
@@ -332,6 +333,7 @@ def async_grpo_train(config, *, policy: Policy, generator: Generator, synchroniz
             collector.resume()
       else:   # every group was flat and dynamic sampling dropped them all: the weights stay
         metrics["train/skipped"] = 1.0
+        buffer.skip(len(entries))
       s = collector.stats
       now = time.perf_counter()
       metrics.update({"weight_version": float(synchronizer.version), "async/version": float(buffer.version),

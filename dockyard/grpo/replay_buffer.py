@@ -4,9 +4,12 @@ Every prompt the collector dispatches gets a sequence number (`seq`, its positio
 stream) and is *pending* until its group comes back generated and scored; then it is *ready*.
 The trainer `take`s ready groups. Each group carries the weight version that generated it (the
 oldest version any of its tokens saw, counted in optimizer steps); once the trainer's version
-is more than `max_age` steps past it, the group is dropped (`dropped/stale`). Pending plus ready
-groups never exceed `capacity`: `reserve` blocks the collector while the buffer is full (the
-back-pressure that bounds how far generation runs ahead of training).
+is more than `max_age` steps past it, the group is dropped (`dropped/stale`).
+
+Back-pressure: `reserve` blocks the collector while pending plus ready groups fill `capacity`,
+and also while starting one more would make a group that cannot be trained before it is too old
+(the staleness rule of AReaL: groups accepted so far < (version + max_age + 1) x per_step), so a
+fast collector waits instead of generating groups that would only be dropped.
 
 The buffer owns the prompt stream's bookkeeping (the sampler, the sequence counter, pending and
 ready groups) behind one lock, so `state()` is a consistent picture of the async state for a
@@ -62,19 +65,22 @@ def _group_from_json(d: Mapping[str, Any]) -> Group:
 class ReplayBuffer:
   """Age-bounded, size-bounded store of scored groups; thread-safe (collector thread + trainer)."""
 
-  def __init__(self, sampler, capacity: int, max_age: int, version: int = 0):
+  def __init__(self, sampler, capacity: int, max_age: int, per_step: int, version: int = 0):
     if capacity < 1:
       raise ValueError(f"replay buffer capacity must be >= 1 group, got {capacity} "
                        "(grpo.async_grpo.replay_buffer_size is in trajectories: at least one group)")
     if max_age < 0:
       raise ValueError(f"grpo.async_grpo.max_trajectory_age_steps must be >= 0, got {max_age}")
-    self.sampler, self.capacity, self.max_age = sampler, int(capacity), int(max_age)
+    if per_step < 1 or per_step > capacity:
+      raise ValueError(f"groups per step must be in [1, capacity={capacity}], got {per_step}")
+    self.sampler, self.capacity, self.max_age, self.per_step = sampler, int(capacity), int(max_age), int(per_step)
     self.version = int(version)
     self.next_seq = 0
     self.pending: dict[int, Mapping[str, Any]] = {}   # seq -> task, dispatched, not back yet
     self.ready: dict[int, Entry] = {}
     self.redo: list[int] = []                         # pending seqs to hand out again (resume)
-    self.counts = {"dropped/stale": 0, "dropped/timeout": 0, "dropped/error": 0, "added": 0, "taken": 0}
+    self.counts = {"dropped/stale": 0, "dropped/timeout": 0, "dropped/error": 0, "added": 0, "taken": 0,
+                   "skipped": 0}
     self.dropped: list[dict] = []                     # since the last `drain_dropped`
     self._cv = threading.Condition()
     self._closed: BaseException | bool = False
@@ -83,8 +89,7 @@ class ReplayBuffer:
   def reserve(self, timeout: float | None = None) -> tuple[int, Mapping[str, Any]] | None:
     """The next prompt to generate (seq, task), blocking while the buffer is full; None on timeout."""
     with self._cv:
-      if not self._cv.wait_for(lambda: self._closed or self.redo or
-                               len(self.pending) + len(self.ready) < self.capacity, timeout):
+      if not self._cv.wait_for(lambda: self._closed or self.redo or self._room(), timeout):
         return None
       self._check_open()
       if self.redo:
@@ -154,6 +159,13 @@ class ReplayBuffer:
       self._cv.notify_all()
       return out
 
+  def skip(self, n: int) -> None:
+    """`n` taken groups trained nothing (dynamic sampling dropped them all): the version did not
+    advance, so they must not count against the staleness allowance."""
+    with self._cv:
+      self.counts["skipped"] += int(n)
+      self._cv.notify_all()
+
   def metrics(self) -> dict[str, float]:
     with self._cv:
       return {"buffer/ready": float(len(self.ready)), "buffer/pending": float(len(self.pending)),
@@ -198,6 +210,11 @@ class ReplayBuffer:
     if self._closed:
       err = self._closed if isinstance(self._closed, BaseException) else None
       raise BufferClosed("the replay buffer is closed" + (f": collector failed: {err!r}" if err else "")) from err
+
+  def _room(self) -> bool:
+    out = len(self.pending) + len(self.ready)
+    accepted = self.counts["taken"] - self.counts["skipped"] + out
+    return out < self.capacity and accepted < (self.version + self.max_age + 1) * self.per_step
 
   def _drop(self, seq: int, task: Mapping[str, Any], reason: str, version: int | None) -> None:
     self.counts[f"dropped/{reason}"] = self.counts.get(f"dropped/{reason}", 0) + 1

@@ -44,23 +44,37 @@ class FirstDigitEnv(MathEnv):
 
 
 class SlowGenerator(BigramGenerator):
-  """Sleeps `delay` s per call; `hang` maps an instance_id-free call index to a longer sleep.
+  """The bigram sampler with a delay per call; call numbers in `hang_calls` sleep `hang_s`
+  instead (a hung engine), and call `fail_on_call` raises (a broken one).
 
-  Thread-safe enough for the collector's worker threads: the table is read once per call.
+  Like the vLLM engine, a request runs on one set of weights: generation and weight loads take
+  the same lock, so a load waits for the request in progress (in_flight_policy='finish').
   """
 
   def __init__(self, table, eos_id, delay=0.0, hang_calls=(), hang_s=3.0, fail_on_call=None):
     super().__init__(table, eos_id)
     self.delay, self.hang_calls, self.hang_s, self.fail_on_call = delay, set(hang_calls), hang_s, fail_on_call
-    self.calls = 0
-    self._lock = threading.Lock()
+    self.calls = self.finished = 0
+    self.loads_while_generating = 0   # weight loads that arrived with a call in progress
+    self._count_lock, self._engine_lock = threading.Lock(), threading.Lock()
 
   def generate(self, prompt_ids, n, sampling):
-    with self._lock:
+    with self._count_lock:
       call = self.calls
       self.calls += 1
-    if call == self.fail_on_call:
-      raise RuntimeError("engine exploded on purpose")
-    time.sleep(self.hang_s if call in self.hang_calls else self.delay)
-    self.ready = True   # the fake's refit-order check is the sync loop's business, not this one's
-    return super().generate(prompt_ids, n, sampling)
+    try:
+      if call == self.fail_on_call:
+        raise RuntimeError("engine exploded on purpose")
+      time.sleep(self.hang_s if call in self.hang_calls else self.delay)
+      with self._engine_lock:
+        self.ready = True   # the fake's refit-order check is the sync loop's business
+        return super().generate(prompt_ids, n, sampling)
+    finally:
+      with self._count_lock:
+        self.finished += 1
+
+  def update_weights(self, named_tensors, version):
+    with self._count_lock:
+      self.loads_while_generating += self.calls > self.finished
+    with self._engine_lock:
+      super().update_weights(named_tensors, version)
