@@ -19,9 +19,9 @@ Config: `config.grpo.async_grpo.*` (see configs/swe.py):
   in_flight_weight_updates  True: weights are pushed while groups are generating; False: the
                             collector stops starting generations and the in-flight ones finish
                             before each push.
-  in_flight_policy          finish: a group whose weights changed mid-request keeps its tokens
-                            (tagged with the oldest version); abort: it is thrown away and
-                            generated again on the new weights (counted as `async/resubmitted`).
+  in_flight_policy          finish: a group whose weights changed while it was in flight keeps
+                            its tokens (tagged with the oldest version); abort: it is thrown away
+                            and generated again on the new weights (`async/resubmitted`).
   recompute_kv_cache_after_weight_updates  engines reset their prefix cache on every weight load
                             (vllm_engine), so cached keys/values never outlive their weights.
   rollout_timeout_s / score_timeout_s / on_timeout  a hung call is abandoned after its timeout;
@@ -225,6 +225,7 @@ class Collector:
     attempt = 0
     while True:
       t0 = time.perf_counter()
+      submitted_on = self.generator.weight_version
       try:
         completions = await self._generate(prompt, seq, attempt)
       except TimeoutError:
@@ -238,8 +239,8 @@ class Collector:
       if len(completions) != self.n:
         raise RuntimeError(f"generator returned {len(completions)} completions for n={self.n}")
       engine_versions = {v for c in completions for v in (c.token_weight_versions or [c.weight_version])}
-      if self.policy == "abort" and engine_versions != {self.generator.weight_version}:
-        self.stats.resubmitted += 1   # the weights changed while it was generated: do it again
+      if self.policy == "abort" and engine_versions | {self.generator.weight_version} != {submitted_on}:
+        self.stats.resubmitted += 1   # the weights changed while it was in flight: do it again
         continue
       break
     self.stats.straddled += sum(len(set(c.token_weight_versions or [])) > 1 for c in completions)

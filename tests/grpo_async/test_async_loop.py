@@ -12,6 +12,7 @@ import pytest
 
 from async_parts import FirstDigitEnv, SlowGenerator, async_config
 from dockyard import validate
+from dockyard.envs.base import Reward
 from dockyard.envs.math import MathConfig, MathEnv
 from dockyard.grpo import async_loop, loss_spec, sync_loop
 from dockyard.grpo.batch import make_train_batch
@@ -73,7 +74,7 @@ def test_importance_weights_are_against_the_generating_policy(tokenizer):
   old = sync_loop.collect_groups(gen, env, tokenizer, env.train[:2], 8, sampling)   # version 0 weights
   fresh = sync_loop.collect_groups(gen, env, tokenizer, env.train[2:], 8, sampling)
   for g in old + fresh:
-    g.rewards = [sync_loop.Reward(float(i % 3 == 0)) for i in range(8)]
+    g.rewards = [Reward(float(i % 3 == 0)) for i in range(8)]
   sync_loop.assign_advantages(old + fresh, config)
   pg, _ = sync_loop.make_losses(config)
   sync_loop.train_on_groups(policy, fresh, pg, pad_id=tokenizer.pad_token_id, is_cap=2.0)   # weights move on
@@ -109,8 +110,8 @@ SMALL = {"grpo.num_prompts_per_step": 2, "grpo.num_generations_per_prompt": 4, "
 def test_a_hung_rollout_is_dropped_without_stalling_training(tokenizer, tmp_path):
   config = async_config(**SMALL, **{"grpo.async_grpo.rollout_timeout_s": 0.3})
   t0 = time.perf_counter()
-  _, steps, log, _ = run(config, tokenizer, tmp_path, hang_calls={1}, hang_s=20.0)
-  assert time.perf_counter() - t0 < 15          # well under the hung call's 20 s
+  _, steps, log, _ = run(config, tokenizer, tmp_path, hang_calls={1}, hang_s=12.0)
+  assert time.perf_counter() - t0 < 10          # under the hung call's 12 s
   assert steps[-1]["buffer/dropped/timeout"] == 1 and steps[-1]["async/timeouts_rollout"] == 1
   dropped = [d for row in log for d in row["dropped"]]
   assert [d["reason"] for d in dropped] == ["timeout"] and dropped[0]["seq"] not in \
@@ -120,7 +121,7 @@ def test_a_hung_rollout_is_dropped_without_stalling_training(tokenizer, tmp_path
 def test_a_hung_rollout_is_retried(tokenizer, tmp_path):
   config = async_config(**SMALL, **{"grpo.async_grpo.rollout_timeout_s": 0.3, "grpo.async_grpo.on_timeout": "retry",
                                     "grpo.async_grpo.consume_in_order": True})
-  _, steps, log, _ = run(config, tokenizer, tmp_path, hang_calls={0}, hang_s=20.0)
+  _, steps, log, _ = run(config, tokenizer, tmp_path, hang_calls={0}, hang_s=12.0)
   assert steps[-1]["async/timeouts_rollout"] == 1 and steps[-1]["buffer/dropped/timeout"] == 0
   assert [row["seqs"] for row in log] == [[0, 1], [2, 3], [4, 5]]   # seq 0 (hung once) trained in order
 
@@ -145,15 +146,16 @@ def test_a_hung_scoring_is_dropped(tokenizer, tmp_path):
 
 
 def test_abort_resubmits_groups_whose_weights_changed(tokenizer, tmp_path):
-  config = async_config(**SMALL, **{"grpo.async_grpo.in_flight_policy": "abort", "grpo.max_num_steps": 4})
+  config = async_config(**{**SMALL, "grpo.async_grpo.in_flight_policy": "abort", "grpo.max_num_steps": 4})
   _, steps, log, (_, gen, _) = run(config, tokenizer, tmp_path, delay=0.15)
   assert steps[-1]["async/resubmitted"] > 0
-  assert gen.calls == steps[-1]["buffer/added"] + steps[-1]["async/resubmitted"]
+  # every resubmission is a fresh engine call (calls still in flight at the end are extra)
+  assert gen.calls >= steps[-1]["buffer/added"] + steps[-1]["async/resubmitted"]
+  assert steps[-1]["buffer/added"] >= 4 * 2
 
 
-@pytest.mark.parametrize("in_flight", [False])
-def test_weights_wait_for_in_flight_generation_when_configured(tokenizer, tmp_path, in_flight):
-  config = async_config(**SMALL, **{"grpo.async_grpo.in_flight_weight_updates": in_flight})
+def test_weights_wait_for_in_flight_generation_when_configured(tokenizer, tmp_path):
+  config = async_config(**SMALL, **{"grpo.async_grpo.in_flight_weight_updates": False})
   _, steps, _, (_, gen, sync) = run(config, tokenizer, tmp_path, delay=0.1)
   assert len(steps) == 3 and sync.version == 3
   assert gen.loads_while_generating == 0       # the collector paused and drained before each push
