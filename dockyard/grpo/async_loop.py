@@ -59,7 +59,9 @@ from dockyard.rollout.base import Generator
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 3          # on_timeout='retry': tries per group before it is dropped
-ASYNC_LOG = "async_log.jsonl"   # per step: the prompt seqs / ids trained on, their versions, drops
+# One row per (re)start {start, next_seq, pending} and per step {step, seqs, instance_ids, versions,
+# dropped}: which prompts each step trained on, for audits and the kill/resume test.
+ASYNC_LOG = "async_log.jsonl"
 
 
 class VersionMap:
@@ -303,6 +305,8 @@ def async_grpo_train(config, *, policy: Policy, generator: Generator, synchroniz
     validator = Validator(config, policy, generator, env, tokenizer, val_tasks, settings, ckpt_root,
                           collector.run_coro)
     collector.start()
+    _write_jsonl(os.path.join(workdir, ASYNC_LOG), dict(start=start, next_seq=buffer.next_seq,
+                                                        pending=sorted(buffer.pending)))
     if g.val_at_start and start == 0 and validator.tasks:
       writer.write(0, validator(0))
 
