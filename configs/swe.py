@@ -113,8 +113,8 @@ def get_config(arg=None):
       dynamic_sampling=False,       # drop groups whose rewards have zero variance (DAPO)
       reward_shaping=dict(
           scale=1.0,
-          malformed_penalty=0.0,    # added to the reward of a completion that cannot be parsed
-          overlong_penalty=0.0,     # DAPO soft overlong punishment: max penalty
+          malformed_penalty=0.0,    # subtracted from the reward of a completion that cannot be parsed (>= 0)
+          overlong_penalty=0.0,     # DAPO soft overlong punishment: max amount subtracted (>= 0)
           overlong_buffer=0,        # tokens before max_new_tokens where the penalty ramps up
       ),
       sft_warmup=dict(
@@ -151,6 +151,8 @@ def get_config(arg=None):
   # rollout: vLLM engines on Ray.
   c.rollout = dict(
       num_engines=1,
+      cpus_per_engine=4.0 if full else 0.5,   # Ray CPUs per engine bundle (placement group)
+      max_restarts=3,                         # per fleet call: engine restarts before giving up
       tensor_parallel_size=8 if full else 1,
       max_model_len=16384 if full else 2048,
       dtype="bfloat16" if full else "float32",
@@ -180,6 +182,8 @@ def get_config(arg=None):
       port=9090,
       queue_size=1024,
       cache_dir="",              # '' : ~/.cache/dockyard/sandbox
+      repos_dir="",              # '' : $DOCKYARD_REPOS_DIR or ~/.cache/dockyard/repos
+      disk_mb=1024,              # per run: tmpfs for writes into the tree, and for /tmp
       timeout_s=120.0 if full else 60.0,
       memory_mb=4096,
       cpu_time_s=120,

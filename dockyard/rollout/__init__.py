@@ -1,1 +1,5 @@
-"""dockyard.rollout"""
+"""dockyard.rollout: sampling from vLLM behind the `Generator` seam.
+
+base.py (the ABC and records), vllm_engine.py (one in-process engine), fleet.py (engines as Ray
+actors), worker_ext.py (methods vLLM workers run for refit), chat.py (messages -> prompt ids).
+"""

@@ -1,0 +1,279 @@
+"""The rollout fleet: N vLLM engines as Ray actors, one placement group (PACK) per engine.
+
+`RolloutFleet` implements `Generator`: `generate` splits prompts over the engines and blocks;
+`agenerate` sends one request to the least-loaded engine and is awaitable (many in flight for the
+async GRPO loop). An engine that dies (`ray.kill`, OOM, node loss) is restarted in its placement
+group, gets the latest weights the fleet holds, and its in-flight requests are retried.
+Ray is started locally unless `config.run.ray_address` names a cluster.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import queue
+import threading
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+import dockyard
+from dockyard.ray_utils import init_ray
+from dockyard.rollout import worker_ext
+from dockyard.rollout.base import Completion, Generator, SamplingParams
+
+MAX_CONCURRENCY = 64   # actor threads: queued generate calls + weight loads + scoring
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(dockyard.__file__)))
+
+
+class EngineActorImpl:
+  """The body of one engine actor: a `VLLMEngine` in the actor's process.
+
+  Calls arrive on up to `MAX_CONCURRENCY` threads; generate requests are queued and one batcher
+  thread hands everything queued to vLLM as one batch, so many small `agenerate` calls in flight
+  share the engine's continuous batching instead of running one after another.
+  """
+
+  def __init__(self, model_path: str, rollout: dict, seed: int, version: int):
+    from dockyard.rollout.vllm_engine import VLLMEngine
+    self.engine = VLLMEngine(model_path, rollout, seed=seed, version=version)
+    self.batches = 0
+    self.in_batch = 0      # requests inside the running vLLM batch
+    self._queue: queue.Queue = queue.Queue()
+    threading.Thread(target=self._batch_loop, daemon=True).start()
+
+  def info(self) -> dict:
+    return {"pid": os.getpid(), "version": self.engine.weight_version, "vocab_size": self.engine.vocab_size,
+            "batches": self.batches, "in_batch": self.in_batch}
+
+  def generate(self, prompts, n, sampling):
+    self.engine.check_request(prompts, n, sampling)  # a bad request fails alone, not its batch
+    done = concurrent.futures.Future()
+    self._queue.put(((prompts, n, sampling), done))
+    return done.result()
+
+  def _batch_loop(self):
+    while True:
+      items = [self._queue.get()]
+      while True:
+        try:
+          items.append(self._queue.get_nowait())
+        except queue.Empty:
+          break
+      self.in_batch = len(items)
+      try:
+        outs = self.engine.generate_many([request for request, _ in items])
+        self.batches += 1
+      except BaseException as e:  # hand the failure to every caller of this batch
+        for _, done in items:
+          done.set_exception(e)
+        continue
+      finally:
+        self.in_batch = 0
+      for (_, done), out in zip(items, outs):
+        done.set_result(out)
+
+  def prompt_logprobs(self, sequences):
+    return self.engine.prompt_logprobs(sequences)
+
+  def load_packed(self, packed, version):
+    self.engine.load_packed(packed, version)
+    return self.engine.weight_version
+
+  def load_shared_memory(self, block_name, index, version):
+    self.engine.load_shared_memory(block_name, index, version)
+    return self.engine.weight_version
+
+  def nccl_init(self, host, port, rank_offset, world_size, backend):
+    return self.engine.collective_rpc("dockyard_group_init", (host, port, rank_offset, world_size, backend))
+
+  def nccl_receive(self, meta, version):
+    counts = self.engine.collective_rpc("dockyard_group_receive", (meta,))
+    self.engine.set_version(version)
+    return counts
+
+  def prepare_for_generation(self):
+    self.engine.prepare_for_generation()
+
+
+def _placement(rollout, on_gpu: bool):
+  """One PACK placement group per engine: its tensor-parallel ranks on one node."""
+  from ray.util.placement_group import placement_group
+  tp = int(rollout["tensor_parallel_size"])
+  cpus = float(rollout["cpus_per_engine"])
+  bundles = [{"CPU": cpus / tp, "GPU": 1.0} if on_gpu else {"CPU": cpus / tp} for _ in range(tp)]
+  return placement_group(bundles, strategy="PACK")
+
+
+class RolloutFleet(Generator):
+
+  def __init__(self, config: Any, model_path: str, num_cpus: int | None = None):
+    ray = init_ray(config.run.ray_address, num_cpus=num_cpus)
+    self._ray = ray
+    self.rollout = dict(config.rollout)
+    n = int(self.rollout["num_engines"])
+    if n < 1:
+      raise ValueError(f"config.rollout.num_engines must be >= 1, got {n}")
+    if not float(self.rollout["cpus_per_engine"]) > 0:
+      raise ValueError(f"config.rollout.cpus_per_engine must be > 0, got {self.rollout['cpus_per_engine']}")
+    self.model_path = model_path
+    self.seed = int(config.run.seed)
+    self.on_gpu = int(config.cluster.accelerators_per_node) > 0
+    self.max_restarts = int(self.rollout.get("max_restarts", 3))
+    self._version = 0
+    self._latest_packed = None       # ObjectRef of the newest weights, for restarted engines
+    self._lock = threading.Lock()
+    self.restarts = 0
+    self.in_flight = [0] * n
+    self.served = [0] * n            # requests completed per engine
+    self.placement_groups = [_placement(self.rollout, self.on_gpu) for _ in range(n)]
+    ray.get([pg.ready() for pg in self.placement_groups])
+    self.actors = [self._start(i) for i in range(n)]
+    infos = ray.get([a.info.remote() for a in self.actors])
+    self.vocab_size = infos[0]["vocab_size"]
+
+  # -- engines ---------------------------------------------------------------------------------
+  def _start(self, i: int, version: int = 0):
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+    tp = int(self.rollout["tensor_parallel_size"])
+    # tp > 1: the actor only drives; vLLM's Ray executor places the ranks in the same group.
+    resources = ({"num_gpus": 1.0 if self.on_gpu else 0, "num_cpus": self.rollout["cpus_per_engine"] / tp}
+                 if tp == 1 else {"num_cpus": 0})
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+           "VLLM_CPU_KVCACHE_SPACE": str(int(self.rollout["cpu_kvcache_space_gib"])),
+           # the actor imports this checkout's dockyard, whatever is installed
+           "PYTHONPATH": os.pathsep.join(p for p in (_REPO_ROOT, os.environ.get("PYTHONPATH", "")) if p)}
+    cls = self._ray.remote(EngineActorImpl)
+    return cls.options(
+        name=None, max_concurrency=MAX_CONCURRENCY, max_restarts=0, runtime_env={"env_vars": env},
+        scheduling_strategy=PlacementGroupSchedulingStrategy(
+            placement_group=self.placement_groups[i], placement_group_bundle_index=0,
+            placement_group_capture_child_tasks=True),
+        **resources).remote(self.model_path, self.rollout, self.seed + i, version)
+
+  def _restart(self, i: int, dead) -> None:
+    """Replaces engine `i` if it is still `dead` (concurrent failures restart it once)."""
+    with self._lock:
+      if self.actors[i] is not dead:
+        return
+      if self.restarts >= self.max_restarts * len(self.actors):
+        raise RuntimeError(f"rollout engine {i} died and the fleet already restarted "
+                           f"{self.restarts} times (config.rollout.max_restarts={self.max_restarts})")
+      self.restarts += 1
+      try:
+        self._ray.kill(dead)
+      except Exception:  # already gone
+        pass
+      actor = self._start(i)
+      self._ray.get(actor.info.remote())
+      if self._latest_packed is not None:
+        self._ray.get(actor.load_packed.remote(self._latest_packed, self._version))
+      self.actors[i] = actor
+      self.in_flight[i] = 0
+
+  def engine_info(self) -> list[dict]:
+    """Per engine: pid, weight version, vocab size, vLLM batches run."""
+    return self._ray.get([a.info.remote() for a in self.actors])
+
+  def engine_pids(self) -> list[int]:
+    return [info["pid"] for info in self.engine_info()]
+
+  # -- Generator -------------------------------------------------------------------------------
+  @property
+  def weight_version(self) -> int:
+    return self._version
+
+  def generate(self, prompt_ids: Sequence[Sequence[int]], n: int,
+               sampling: SamplingParams) -> list[list[Completion]]:
+    """Splits the prompts over the engines; a chunk whose engine dies is retried on its restart."""
+    from ray.exceptions import RayActorError
+    prompts = [list(p) for p in prompt_ids]
+    if not prompts:
+      raise ValueError("prompt_ids must be a non-empty list of token-id lists")
+    k = len(self.actors)
+    chunks = [c for c in (list(range(i, len(prompts), k)) for i in range(k)) if c]
+    results: list[list[Completion] | None] = [None] * len(prompts)
+    pending = {}
+    for i, idx in enumerate(chunks):
+      pending[i] = (idx, self._submit(i, [prompts[j] for j in idx], n, sampling))
+    attempts = 0
+    while pending:
+      i, (idx, (actor, ref)) = next(iter(pending.items()))
+      try:
+        out = self._ray.get(ref)
+      except RayActorError:
+        attempts += 1
+        if attempts > self.max_restarts:
+          raise
+        self._restart(i, actor)
+        pending[i] = (idx, self._submit(i, [prompts[j] for j in idx], n, sampling))
+        continue
+      finally:
+        self.in_flight[i] = max(0, self.in_flight[i] - len(idx))
+      self.served[i] += len(idx)
+      for j, group in zip(idx, out):
+        results[j] = group
+      del pending[i]
+    return results
+
+  def _submit(self, i, prompts, n, sampling):
+    self.in_flight[i] += len(prompts)
+    actor = self.actors[i]
+    return actor, actor.generate.remote(prompts, n, sampling)
+
+  async def agenerate(self, prompt_ids: Sequence[int], n: int, sampling: SamplingParams) -> list[Completion]:
+    """One prompt's n completions from the least-loaded engine; retried on an engine restart."""
+    from ray.exceptions import RayActorError
+    for attempt in range(self.max_restarts + 1):
+      i = min(range(len(self.actors)), key=lambda j: self.in_flight[j])
+      actor, ref = self._submit(i, [list(prompt_ids)], n, sampling)
+      try:
+        out = await ref
+      except RayActorError:
+        if attempt == self.max_restarts:
+          raise
+        await asyncio.to_thread(self._restart, i, actor)
+        continue
+      finally:
+        self.in_flight[i] = max(0, self.in_flight[i] - 1)
+      self.served[i] += 1
+      return out[0]
+    raise AssertionError("unreachable")
+
+  def prompt_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[np.ndarray]:
+    """Scores on EVERY engine and returns the rows farthest from engine 0's, so the canary sees
+    an engine that missed an update."""
+    outs = self._ray.get([a.prompt_logprobs.remote([list(s) for s in sequences]) for a in self.actors])
+    rows = []
+    for j in range(len(sequences)):
+      dev = [np.abs(o[j] - outs[0][j]).max() for o in outs]
+      rows.append(outs[int(np.argmax(dev))][j])
+    return rows
+
+  def update_weights(self, named_tensors: Iterable[tuple[str, np.ndarray]], version: int) -> None:
+    self.load_packed(worker_ext.pack_weights(named_tensors), version)
+
+  def load_packed(self, packed, version: int) -> None:
+    """One `ray.put`, read by every engine from the object store; kept for restarted engines."""
+    ref = self._ray.put(packed)
+    self._ray.get([a.load_packed.remote(ref, version) for a in self.actors])
+    self._latest_packed, self._version = ref, int(version)
+
+  def load_shared_memory(self, block_name: str, index, version: int) -> None:
+    self._ray.get([a.load_shared_memory.remote(block_name, index, version) for a in self.actors])
+    self._latest_packed, self._version = None, int(version)
+
+  def mark_loaded_out_of_band(self, version: int) -> None:
+    """Weights reached the engines some other way (the NCCL broadcast); restarted engines cannot
+    be given them, so they come back on the checkpoint's weights until the next sync."""
+    self._latest_packed, self._version = None, int(version)
+
+  def prepare_for_generation(self) -> None:
+    self._ray.get([a.prepare_for_generation.remote() for a in self.actors])
+
+  def shutdown(self) -> None:
+    from ray.util.placement_group import remove_placement_group
+    for a in self.actors:
+      self._ray.kill(a)
+    for pg in self.placement_groups:
+      remove_placement_group(pg)

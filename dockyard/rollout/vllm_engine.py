@@ -1,0 +1,201 @@
+"""One vLLM engine in this process, behind the `Generator` seam.
+
+`VLLMEngine` samples completions with per-token logprobs and the weight version that produced
+them, scores fixed sequences (prompt logprobs, for the refit canary) and takes new weights
+through the worker extension (`worker_ext.WorkerExtension`) without touching disk. A lock
+serializes generation and weight loads: a sync that arrives while a batch is being generated
+waits for it (the batch finishes on the old weights and is labelled with the old version).
+The engine options come from `config.rollout`; the Ray fleet (`fleet.py`) runs one per actor.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from dockyard.rollout import worker_ext
+from dockyard.rollout.base import Completion, Generator, SamplingParams
+
+WORKER_EXTENSION = "dockyard.rollout.worker_ext.WorkerExtension"
+ENGINE_KEYS = ("max_model_len", "dtype", "gpu_memory_utilization", "cpu_kvcache_space_gib",
+               "enforce_eager", "tensor_parallel_size")
+
+
+def _on_cpu() -> bool:
+  import torch
+  return not torch.cuda.is_available()
+
+
+def engine_kwargs(rollout: Mapping[str, Any], model_path: str, seed: int = 0) -> dict[str, Any]:
+  """vllm.LLM keyword arguments from `config.rollout` (a ConfigDict or dict)."""
+  missing = [k for k in ENGINE_KEYS if k not in rollout]
+  if missing:
+    raise ValueError(f"config.rollout is missing {missing} (needed to build a vLLM engine)")
+  tp = int(rollout["tensor_parallel_size"])
+  if tp < 1:
+    raise ValueError(f"config.rollout.tensor_parallel_size must be >= 1, got {tp}")
+  if not os.path.isdir(model_path):
+    raise ValueError(f"model path {model_path!r} is not a directory with an HF checkpoint")
+  kwargs = dict(
+      model=model_path, dtype=str(rollout["dtype"]), max_model_len=int(rollout["max_model_len"]),
+      enforce_eager=bool(rollout["enforce_eager"]), tensor_parallel_size=tp, seed=seed,
+      worker_extension_cls=WORKER_EXTENSION,
+      # one process per engine when tp == 1 (in-process core: ~4 s start instead of ~20 s)
+      distributed_executor_backend="uni" if tp == 1 else "ray",
+  )
+  if not _on_cpu():
+    kwargs["gpu_memory_utilization"] = float(rollout["gpu_memory_utilization"])
+  return kwargs
+
+
+def _set_engine_env(rollout: Mapping[str, Any]) -> None:
+  # Read by vLLM at engine construction: in-process core and the CPU KV-cache size (GiB).
+  os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+  os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(int(rollout["cpu_kvcache_space_gib"]))
+
+
+def to_vllm_sampling(sampling: SamplingParams, n: int, seed: int | None = None):
+  import vllm
+  if n < 1:
+    raise ValueError(f"n must be >= 1, got {n}")
+  if sampling.max_tokens < 1:
+    raise ValueError(f"sampling.max_tokens must be >= 1, got {sampling.max_tokens}")
+  if sampling.temperature < 0:
+    raise ValueError(f"sampling.temperature must be >= 0, got {sampling.temperature}")
+  return vllm.SamplingParams(
+      n=n, temperature=sampling.temperature, top_p=sampling.top_p,
+      top_k=sampling.top_k if sampling.top_k > 0 else 0, max_tokens=sampling.max_tokens,
+      seed=sampling.seed if sampling.seed is not None else seed, stop=list(sampling.stop) or None,
+      logprobs=0,  # 0: only the sampled token's logprob
+  )
+
+
+def check_prompts(prompt_ids: Sequence[Sequence[int]], vocab_size: int) -> list[list[int]]:
+  """Validates token-id prompts; errors name the prompt and the problem."""
+  if isinstance(prompt_ids, (str, bytes)) or not len(prompt_ids):
+    raise ValueError("prompt_ids must be a non-empty list of token-id lists")
+  out = []
+  for i, ids in enumerate(prompt_ids):
+    if isinstance(ids, (str, bytes)) or (len(ids) and not isinstance(ids[0], (int, np.integer))):
+      raise ValueError(f"prompt {i} must be a list of token ids, got {type(ids).__name__} {str(ids)[:40]!r}")
+    ids = [int(t) for t in ids]
+    if not ids:
+      raise ValueError(f"prompt {i} is empty")
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+      raise ValueError(f"prompt {i} has token ids outside [0, {vocab_size}): {bad[:5]}")
+    out.append(ids)
+  return out
+
+
+def completions_from_output(request_output, version: int) -> list[Completion]:
+  prompt = list(request_output.prompt_token_ids)
+  result = []
+  for o in request_output.outputs:
+    token_ids = list(o.token_ids)
+    logprobs = [float(step[t].logprob) for step, t in zip(o.logprobs or [], token_ids)]
+    result.append(Completion(prompt_ids=prompt, token_ids=token_ids, logprobs=logprobs,
+                             finish_reason=str(o.finish_reason or "abort"), weight_version=version,
+                             text=o.text or ""))
+  return result
+
+
+class VLLMEngine(Generator):
+  """A vLLM `LLM` (in-process core) with dockyard's weight loading and versioning."""
+
+  def __init__(self, model_path: str, rollout: Mapping[str, Any], seed: int = 0, version: int = 0):
+    _set_engine_env(rollout)
+    import vllm
+    self.model_path = model_path
+    self.llm = vllm.LLM(**engine_kwargs(rollout, model_path, seed))
+    self.seed = seed
+    self._version = int(version)
+    self._lock = threading.Lock()
+    self.vocab_size = int(self.llm.llm_engine.model_config.get_vocab_size())
+
+  @property
+  def weight_version(self) -> int:
+    return self._version
+
+  def tokenizer(self):
+    return self.llm.get_tokenizer()
+
+  def generate(self, prompt_ids: Sequence[Sequence[int]], n: int,
+               sampling: SamplingParams) -> list[list[Completion]]:
+    return self.generate_many([(prompt_ids, n, sampling)])[0]
+
+  def check_request(self, prompt_ids, n: int, sampling: SamplingParams):
+    """(prompts, vllm params) for one request; raises ValueError naming what is wrong."""
+    return check_prompts(prompt_ids, self.vocab_size), to_vllm_sampling(sampling, n)
+
+  def generate_many(self, requests: Sequence[tuple]) -> list[list[list[Completion]]]:
+    """Several (prompt_ids, n, sampling) requests in ONE vLLM batch (continuous batching over
+    all of them); per request, per prompt, its n completions."""
+    checked = [self.check_request(*r) for r in requests]
+    prompts = [{"prompt_token_ids": p} for ps, _ in checked for p in ps]
+    params = [vp for ps, vp in checked for _ in ps]
+    with self._lock:
+      version = self._version
+      outputs = self.llm.generate(prompts, params, use_tqdm=False)
+    result, k = [], 0
+    for ps, _ in checked:
+      result.append([completions_from_output(o, version) for o in outputs[k:k + len(ps)]])
+      k += len(ps)
+    return result
+
+  def prompt_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[np.ndarray]:
+    """Per sequence, [T] logprobs of each token given the ones before it (entry 0 is 0)."""
+    import vllm
+    seqs = check_prompts(sequences, self.vocab_size)
+    params = vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+    with self._lock:
+      outputs = self.llm.generate([{"prompt_token_ids": s} for s in seqs], params, use_tqdm=False)
+    result = []
+    for seq, out in zip(seqs, outputs):
+      row = np.zeros(len(seq), np.float64)
+      for t, step in enumerate(out.prompt_logprobs):
+        if step is not None:
+          row[t] = step[seq[t]].logprob
+      result.append(row)
+    return result
+
+  def update_weights(self, named_tensors: Iterable[tuple[str, np.ndarray]], version: int) -> None:
+    self.load_packed(worker_ext.pack_weights(named_tensors), version)
+
+  def load_packed(self, packed, version: int) -> None:
+    """Loads weights already packed by `worker_ext.pack_weights` (the object-store path)."""
+    self._load("dockyard_load_weights", (packed,), version)
+
+  def load_shared_memory(self, block_name: str, index, version: int) -> None:
+    self._load("dockyard_load_shared_memory", (block_name, index), version)
+
+  def collective_rpc(self, method: str, args: tuple = ()):
+    """Calls a `WorkerExtension` method on every worker (e.g. the NCCL receive path)."""
+    with self._lock:
+      return self.llm.collective_rpc(method, args=args)
+
+  def _load(self, method: str, args: tuple, version: int) -> None:
+    version = int(version)
+    with self._lock:
+      if version <= self._version:
+        raise ValueError(f"weight version must increase: engine has {self._version}, got {version}")
+      counts = self.llm.collective_rpc(method, args=args)
+      if not counts or min(counts) == 0:
+        raise ValueError(f"no weights arrived at the vLLM workers (loaded per worker: {counts})")
+      self._version = version
+      # Cached prefixes hold keys/values computed with the old weights.
+      self.llm.reset_prefix_cache()
+
+  def set_version(self, version: int) -> None:
+    """Marks weights loaded out of band (the NCCL path) as `version`."""
+    with self._lock:
+      self._version = int(version)
+      self.llm.reset_prefix_cache()
+
+  def prepare_for_generation(self) -> None:
+    # On GPU this is where a slept engine would wake; on CPU sleep is a no-op, the prefix cache
+    # was reset when the weights arrived.
+    with self._lock:
+      self.llm.reset_prefix_cache()

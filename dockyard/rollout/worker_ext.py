@@ -1,0 +1,118 @@
+"""Methods added to every vLLM worker (`worker_extension_cls`), called through `collective_rpc`.
+
+vLLM refuses to ship plain Python functions to its workers, and tensors passed as rpc arguments
+arrive as lists, so weights travel as raw bytes + dtype + shape (`pack_weights`) or as a
+shared-memory block name. Loading goes through the worker's `reload_weights` because CPU vLLM has
+repacked its linear weights for oneDNN after start-up and a plain `model.load_weights` fails.
+"""
+from __future__ import annotations
+
+from multiprocessing import shared_memory
+from typing import Iterable, Iterator
+
+import numpy as np
+
+
+def pack_weights(named: Iterable[tuple[str, np.ndarray]]) -> list[tuple[str, bytes, str, tuple[int, ...]]]:
+  """(name, array) -> (name, raw bytes, dtype string, shape): survives vLLM's rpc serialization."""
+  out = []
+  for name, array in named:
+    array = np.ascontiguousarray(array)
+    out.append((name, array.tobytes(), array.dtype.str, tuple(array.shape)))
+  return out
+
+
+def unpack_weights(packed) -> Iterator[tuple[str, np.ndarray]]:
+  for name, raw, dtype, shape in packed:
+    yield name, np.frombuffer(raw, dtype=np.dtype(dtype)).reshape(shape)
+
+
+def read_shared_memory(block_name: str, index: list[tuple[str, int, str, tuple[int, ...]]]
+                       ) -> Iterator[tuple[str, np.ndarray]]:
+  """Yields copies of the arrays laid out in shared-memory block `block_name` at `index` offsets."""
+  block = shared_memory.SharedMemory(name=block_name)
+  try:
+    for name, offset, dtype, shape in index:
+      dtype = np.dtype(dtype)
+      count = int(np.prod(shape)) if shape else 1
+      view = np.frombuffer(block.buf, dtype=dtype, count=count, offset=offset).reshape(shape)
+      yield name, view.copy()  # the copy lets the block close while vLLM keeps the tensor
+      del view
+  finally:
+    block.close()
+
+
+class WorkerExtension:
+  """Mixed into vLLM's worker class; `self` is the worker (has `model_runner`, `device`)."""
+
+  def dockyard_load_weights(self, packed, refresh_tied_head: bool = True) -> int:
+    """Loads packed (name, bytes, dtype, shape) weights; returns the number of tensors loaded.
+    `refresh_tied_head=False` reproduces the stale-lm_head bug (for the canary's test only)."""
+    return self._dockyard_reload(unpack_weights(packed), refresh_tied_head)
+
+  def dockyard_load_shared_memory(self, block_name: str, index) -> int:
+    """Loads weights from a shared-memory block written by the trainer side (no disk)."""
+    return self._dockyard_reload(read_shared_memory(block_name, index))
+
+  def dockyard_group_init(self, host: str, port: int, rank_offset: int, world_size: int, backend: str) -> int:
+    """Joins the trainer's weight-broadcast group (`dockyard.refit.nccl`) as rank_offset + rank."""
+    from dockyard.refit.nccl import GroupBroadcaster
+    rank = rank_offset + int(getattr(self, "rank", 0))
+    device = self.device if backend == "nccl" else None
+    self._dockyard_group = GroupBroadcaster(host, port, rank, world_size, backend, device)
+    return rank
+
+  def dockyard_group_receive(self, meta) -> int:
+    """Receives the broadcast tensors listed in `meta` [(name, torch dtype, shape)] and loads them."""
+    import torch
+    group = getattr(self, "_dockyard_group", None)
+    if group is None:
+      raise RuntimeError("dockyard_group_receive before dockyard_group_init")
+
+    def received():
+      for name, dtype, shape in meta:
+        t = torch.empty(tuple(shape), dtype=getattr(torch, dtype), device=group.device)
+        group.broadcast(t, src=0)
+        yield name, t
+    return self._dockyard_reload_tensors(received())
+
+  def dockyard_param_names(self) -> list[str]:
+    return [name for name, _ in self.model_runner.get_model().named_parameters()]
+
+  def _dockyard_reload(self, named: Iterable[tuple[str, np.ndarray]], refresh_tied_head: bool = True) -> int:
+    import warnings
+
+    import torch
+
+    def tensors():
+      for name, array in named:
+        with warnings.catch_warnings():
+          # read-only views of rpc bytes: vLLM copies them into its parameters, never writes them
+          warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+          yield name, torch.from_numpy(np.asarray(array))
+    return self._dockyard_reload_tensors(tensors(), refresh_tied_head)
+
+  def _dockyard_reload_tensors(self, named, refresh_tied_head: bool = True) -> int:
+    count = 0
+
+    def counted():
+      nonlocal count
+      for item in named:
+        count += 1
+        yield item
+    self.reload_weights(weights_iterator=counted())
+    # reload_weights may stop early on an unknown name; an unconsumed broadcast would hang the
+    # sender, and a partial load must not pass as a sync.
+    for _ in counted():
+      pass
+    if refresh_tied_head:
+      self._dockyard_refresh_tied_head()
+    return count
+
+  def _dockyard_refresh_tied_head(self) -> None:
+    """With tied embeddings, CPU vLLM's packed lm_head copy stays stale after a reload."""
+    model = self.model_runner.get_model()
+    head = getattr(model, "lm_head", None)
+    method = getattr(head, "quant_method", None)
+    if head is not None and method is not None and hasattr(method, "process_weights_after_loading"):
+      method.process_weights_after_loading(head)

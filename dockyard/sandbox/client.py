@@ -1,0 +1,150 @@
+"""`SandboxClient`: async client for one or more executors, with load spreading and failover.
+
+  client = SandboxClient(["http://10.0.0.1:9090", "http://10.0.0.2:9090"], max_in_flight=256)
+  verdicts = await client.run_many(tasks)
+  await client.aclose()
+
+Each task goes to the executor with the fewest tasks in flight from this client. Connection
+errors, 5xx and 429 are retried with exponential backoff (tenacity); when an executor stays
+unreachable, or forgets a task (404 after a restart), the task is resubmitted to another one.
+Every request has a timeout and every task an overall deadline.
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from typing import Any, Sequence
+
+import httpx
+import tenacity
+
+
+class SandboxError(RuntimeError):
+  """A task could not be graded by any executor before its deadline."""
+
+
+class _Retryable(Exception):
+  """A response worth retrying on the same executor (5xx, 429)."""
+
+
+class _Lost(Exception):
+  """The executor is unreachable or no longer knows the task: resubmit elsewhere."""
+
+
+class SandboxClient:
+
+  def __init__(self, urls: Sequence[str], request_timeout_s: float = 600.0,
+               max_in_flight: int = 64, wait_s: float = 20.0, connect_timeout_s: float = 5.0,
+               retry_attempts: int = 4, dead_cooldown_s: float = 10.0):
+    urls = [urls] if isinstance(urls, str) else list(urls)
+    if not urls:
+      raise ValueError("urls: at least one executor URL is needed")
+    for url in urls:
+      if not url.startswith(("http://", "https://")):
+        raise ValueError(f"urls: {url!r} is not an http(s) URL")
+    if max_in_flight < 1:
+      raise ValueError(f"max_in_flight: expected >= 1, got {max_in_flight}")
+    self.urls = [u.rstrip("/") for u in urls]
+    self.request_timeout_s = request_timeout_s   # one task, end to end
+    self.wait_s = wait_s                           # one long-poll
+    self.retry_attempts = retry_attempts
+    self.dead_cooldown_s = dead_cooldown_s
+    self._gate = asyncio.Semaphore(max_in_flight)
+    self._load = {u: 0 for u in self.urls}
+    self._dead_until = {u: 0.0 for u in self.urls}
+    self._http = httpx.AsyncClient(
+        timeout=httpx.Timeout(wait_s + 30.0, connect=connect_timeout_s),
+        limits=httpx.Limits(max_connections=max(max_in_flight, 16) * 2,
+                            max_keepalive_connections=max(max_in_flight, 16)))
+    self.resubmissions = 0
+
+  @classmethod
+  def from_config(cls, config, urls: Sequence[str] | None = None) -> "SandboxClient":
+    """From `config.env.code` (sandbox_urls, request_timeout_s, max_in_flight); `urls` (e.g.
+    those `start_local_fleet` returned) replace sandbox_urls when given."""
+    code = config.env.code
+    return cls(list(urls or code.sandbox_urls), request_timeout_s=float(code.request_timeout_s),
+               max_in_flight=int(code.max_in_flight))
+
+  async def aclose(self) -> None:
+    await self._http.aclose()
+
+  async def __aenter__(self):
+    return self
+
+  async def __aexit__(self, *exc):
+    await self.aclose()
+
+  def _pick(self, avoid: set[str]) -> str:
+    now = time.monotonic()
+    alive = [u for u in self.urls if self._dead_until[u] <= now and u not in avoid]
+    pool = alive or [u for u in self.urls if u not in avoid] or self.urls
+    low = min(self._load[u] for u in pool)
+    return random.choice([u for u in pool if self._load[u] == low])
+
+  def _retrying(self):
+    return tenacity.AsyncRetrying(
+        retry=tenacity.retry_if_exception_type((httpx.TransportError, _Retryable)),
+        wait=tenacity.wait_exponential_jitter(initial=0.2, max=5.0),
+        stop=tenacity.stop_after_attempt(self.retry_attempts), reraise=True)
+
+  async def _request(self, method: str, url: str, **kw) -> httpx.Response:
+    async for attempt in self._retrying():
+      with attempt:
+        resp = await self._http.request(method, url, **kw)
+        if resp.status_code >= 500 or resp.status_code == 429:
+          raise _Retryable(f"{method} {url}: HTTP {resp.status_code}: {resp.text[:200]}")
+    return resp
+
+  async def _run_on(self, url: str, task: dict, deadline: float) -> dict:
+    try:
+      resp = await self._request("POST", f"{url}/task/submit", json=task)
+    except (httpx.TransportError, _Retryable) as e:
+      raise _Lost(str(e)) from e
+    if resp.status_code >= 400:
+      raise ValueError(f"executor refused task {task.get('instance_id')!r}: "
+                       f"HTTP {resp.status_code}: {resp.text[:500]}")
+    task_id = resp.json()["ids"][0]
+    while True:
+      left = deadline - time.monotonic()
+      if left <= 0:
+        raise SandboxError(f"task {task.get('instance_id')!r}: no verdict within "
+                           f"{self.request_timeout_s} s")
+      try:
+        resp = await self._request("GET", f"{url}/task/{task_id}",
+                                   params={"wait": min(self.wait_s, max(left, 0.1))})
+      except (httpx.TransportError, _Retryable) as e:
+        raise _Lost(str(e)) from e
+      if resp.status_code == 404:
+        raise _Lost(f"{url} no longer knows task {task_id}")
+      resp.raise_for_status()
+      record = resp.json()
+      if record["status"] == "done":
+        return record["verdict"]
+
+  async def run(self, task: dict[str, Any]) -> dict:
+    """Grades one task, on whichever executor can; raises SandboxError past the deadline."""
+    async with self._gate:
+      deadline = time.monotonic() + self.request_timeout_s
+      tried: set[str] = set()
+      while True:
+        url = self._pick(tried)
+        self._load[url] += 1
+        try:
+          return await self._run_on(url, task, deadline)
+        except _Lost:
+          self._dead_until[url] = time.monotonic() + self.dead_cooldown_s
+          tried.add(url)
+          if len(tried) >= len(self.urls):
+            tried.clear()   # every executor failed once: try them all again after a pause
+            await asyncio.sleep(1.0)
+          if time.monotonic() >= deadline:
+            raise SandboxError(f"task {task.get('instance_id')!r}: every executor failed")
+          self.resubmissions += 1
+        finally:
+          self._load[url] -= 1
+
+  async def run_many(self, tasks: Sequence[dict[str, Any]]) -> list[dict]:
+    """Grades all tasks concurrently (at most max_in_flight at once); verdicts in task order."""
+    return list(await asyncio.gather(*(self.run(t) for t in tasks)))

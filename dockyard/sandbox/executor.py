@@ -1,0 +1,260 @@
+"""The executor: one task in, one verdict out (apply, restore, run, grade), `slots` at a time.
+
+  verdict = await Executor(repos_dir=..., slots=2).run(task)
+
+Steps: static integrity checks on the agent's patch; the cached tree for (repo, base_commit); a
+private view; the apply cascade (`git apply`, `git apply --3way`, `patch --fuzz`, the view reset
+between tries); held-out files forced back to base_commit and files the test_patch adds removed;
+the test_patch applied; a randomly named canary test added; pytest run under bubblewrap with our
+reporting plugin writing to a pipe; what the run wrote checked; grading. A patch that does not
+apply, a missing repo or a timeout is a verdict with a reason, never an exception.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import secrets
+import shlex
+import sys
+import time
+from typing import Any
+
+from dockyard.sandbox import grading, integrity
+from dockyard.sandbox.cache import RepoCache, RepoError
+from dockyard.sandbox.isolation import WORKDIR, Limits, View, check_host
+from dockyard.sandbox.task import Task, parse_task
+
+__all__ = ["Executor", "Limits"]
+
+PLUGIN_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_plugin")
+PLUGIN_MOUNT = "/dockyard/plugin"
+PLUGIN_NAME = "dockyard_report_plugin"
+_GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_COUNT": "1",
+            "GIT_CONFIG_KEY_0": "safe.directory", "GIT_CONFIG_VALUE_0": "*"}
+APPLY_CASCADE = (
+    ("git apply", ["git", "apply", "--verbose", "--whitespace=nowarn"]),
+    # The cached index holds another tree's stat data: refresh it or --3way sees every file dirty.
+    ("git apply --3way", ["sh", "-c", 'git update-index -q --refresh; exec git apply --verbose '
+                          '--3way --whitespace=nowarn "$0"']),
+    ("patch --fuzz", ["patch", "--batch", "--forward", "--fuzz=5", "-p1",
+                      "--no-backup-if-mismatch", "-i"]),
+)
+_MAX_REPORT_BYTES = 32 << 20
+
+
+@dataclasses.dataclass
+class Verdict:
+  instance_id: str
+  resolved: bool = False
+  reward: float = 0.0
+  pass_rate: float = 0.0
+  tests_status: dict[str, str] = dataclasses.field(default_factory=dict)
+  findings: list[str] = dataclasses.field(default_factory=list)
+  patch_applied: bool = False
+  apply_method: str | None = None
+  reason: str = ""
+  timings: dict[str, float] = dataclasses.field(default_factory=dict)
+  log_head: str = ""
+  log_tail: str = ""
+
+  def finish(self) -> dict[str, Any]:
+    self.findings = list(dict.fromkeys(self.findings))
+    self.reward = 0.0 if self.findings else float(self.resolved)
+    return dataclasses.asdict(self)
+
+
+class _Timer:
+  def __init__(self, timings: dict[str, float], name: str):
+    self.timings, self.name = timings, name
+
+  def __enter__(self):
+    self.start = time.monotonic()
+
+  def __exit__(self, *exc):
+    self.timings[self.name] = round(time.monotonic() - self.start, 4)
+
+
+class Executor:
+
+  def __init__(self, repos_dir: str | None = None, cache_dir: str | None = None,
+               slots: int | None = None, limits: Limits | None = None):
+    check_host()
+    self.cache = RepoCache(repos_dir, cache_dir)
+    self.slots = slots or os.cpu_count() or 1
+    if self.slots < 1:
+      raise ValueError(f"slots: expected >= 1, got {slots}")
+    self.limits = limits or Limits()
+    self._sem = asyncio.Semaphore(self.slots)
+    self.running = 0
+
+  async def run(self, task: dict) -> dict:
+    """Grades one task (raises TaskError on a malformed one); returns the verdict dict."""
+    parsed = parse_task(task)
+    v = Verdict(parsed.instance_id)
+    start = time.monotonic()
+    try:
+      await self._run(parsed, v)
+    except RepoError as e:
+      v.reason = f"repo: {e}"
+    except Exception as e:  # an executor fault must not look like the agent's failure
+      v.reason = f"executor error: {type(e).__name__}: {e}"
+      v.findings.append("executor_error")
+    v.timings["total"] = round(time.monotonic() - start, 4)
+    return v.finish()
+
+  async def _run(self, task: Task, v: Verdict) -> None:
+    test_patch_paths = integrity.patch_paths(task.test_patch) if task.test_patch.strip() else []
+    v.findings += integrity.check_patch(task.patch, test_patch_paths)
+    if not task.patch.strip():
+      v.reason = "empty patch"
+      return
+    if integrity.is_unsafe(v.findings):
+      v.reason = "patch refused by integrity checks"
+      return
+    async with self._sem:
+      self.running += 1
+      try:
+        with _Timer(v.timings, "prepare"):
+          lower = await self.cache.tree(task.repo, task.base_commit)
+        async with View(lower, self.limits, binds=[(PLUGIN_DIR, PLUGIN_MOUNT)]) as view:
+          await self._in_view(task, v, view, lower, test_patch_paths)
+      finally:
+        self.running -= 1
+
+  async def _in_view(self, task: Task, v: Verdict, view: View, lower: str,
+                     test_patch_paths: list[str]) -> None:
+    agent_paths = integrity.patch_paths(task.patch)
+    with _Timer(v.timings, "apply"):
+      patch_in = view.write_input("agent.diff", task.patch)
+      log = []
+      for i, (name, argv) in enumerate(APPLY_CASCADE):
+        if i:
+          await view.reset()
+        res = await view.exec([*argv, patch_in], env=_GIT_ENV, timeout_s=60)
+        log.append(f"$ {name}\n{res.output.text()}")
+        if res.exit_code == 0:
+          v.patch_applied, v.apply_method = True, name
+          break
+    if not v.patch_applied:
+      v.reason = "patch does not apply"
+      v.log_tail = "\n".join(log)[-4000:]
+      return
+    for path in agent_paths:
+      finding = integrity.config_finding(path, _read(os.path.join(lower, path)),
+                                         _read(view.host_path("work", path)))
+      if finding:
+        v.findings.append(finding)
+
+    with _Timer(v.timings, "restore"):
+      protected = list(dict.fromkeys(
+          test_patch_paths + list(task.test_files)
+          + [p for p in agent_paths if integrity.is_protected(p)]
+          + [f.split(": ", 1)[1].split(" (")[0] for f in v.findings
+             if f.startswith("touches_pytest_config")]))
+      reason = await self._restore(view, lower, task, protected)
+    if reason:
+      v.reason = reason
+      return
+
+    canary_tag = secrets.token_hex(6)
+    canary_file = f"test_dockyard_canary_{canary_tag}.py"
+    canary_id = f"{canary_file}::test_canary_{canary_tag}"
+    fd = os.open(view.host_path("work", canary_file),
+                 os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as f:
+      f.write(f"def test_canary_{canary_tag}():\n  assert False, 'dockyard canary: must fail'\n")
+    before = view.snapshot_upper()
+
+    with _Timer(v.timings, "tests"):
+      exit_code, timed_out, report, output = await self._pytest(view, task, canary_file, lower)
+    events = grading.parse_events(report)
+    found, tamper = grading.statuses(events)
+    v.findings += tamper
+    if not timed_out:  # a killed run has no canary result; the timeout is its reason
+      v.findings += grading.run_checks(events, exit_code, canary_id, found)
+    v.findings += integrity.run_findings(before, view.snapshot_upper())
+    v.tests_status = grading.expected_statuses(found, task.expected_tests)
+    v.resolved, v.pass_rate = grading.grade(v.tests_status, task.fail_to_pass, task.pass_to_pass)
+    if len(report) >= _MAX_REPORT_BYTES:
+      v.findings.append("report_overflow: the results pipe carried more than 32 MiB")
+    text = output.text()
+    v.log_head = output.head.decode(errors="replace")[:8000]
+    v.log_tail = output.tail.decode(errors="replace")[-8000:] if output.tail else text[-8000:]
+    if timed_out:
+      v.reason = f"timeout: tests ran past {self.limits.timeout_s} s and were killed"
+    elif v.resolved and not v.findings:
+      v.reason = "resolved"
+    elif v.findings:
+      v.reason = "integrity: " + "; ".join(v.findings[:3])
+    else:
+      bad = [t for t, s in v.tests_status.items() if s not in grading.PASSING]
+      v.reason = f"{len(bad)} of {len(v.tests_status)} tests not passing (exit code {exit_code})"
+
+  async def _restore(self, view: View, lower: str, task: Task, protected: list[str]) -> str:
+    """Forces held-out files back to base_commit and applies the test_patch; '' on success."""
+    at_base = [p for p in protected if os.path.isfile(os.path.join(lower, p))
+               and not os.path.islink(os.path.join(lower, p))]
+    added = [p for p in protected if p not in at_base]
+    script = "set -e\n"
+    if added:
+      script += 'rm -rf -- "$@"\n'
+    if at_base:
+      script += "git checkout -q HEAD -- " + " ".join(_sh(p) for p in at_base) + "\n"
+    if task.test_patch.strip():
+      test_in = view.write_input("test.diff", task.test_patch)
+      script += f"git apply --verbose --whitespace=nowarn {test_in}\n"
+    res = await view.exec(["sh", "-c", script, "restore", *added], env=_GIT_ENV, timeout_s=60)
+    if res.exit_code != 0:
+      return f"restoring held-out tests / applying test_patch failed: {res.output.text()[-1500:]}"
+    return ""
+
+  async def _pytest(self, view: View, task: Task, canary_file: str, lower: str):
+    src = os.path.isdir(os.path.join(lower, "src"))
+    pythonpath = f"{PLUGIN_MOUNT}:{WORKDIR}/src" if src else f"{PLUGIN_MOUNT}:{WORKDIR}"
+    read_fd, write_fd = os.pipe()
+    env = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONPATH": pythonpath,
+           "DOCKYARD_REPORT_FD": str(write_fd)}
+    argv = [sys.executable, "-m", "pytest", "-p", PLUGIN_NAME, "-p", "no:cacheprovider",
+            # A file that fails to import must not stop the others (or the canary) from running.
+            f"--rootdir={WORKDIR}", "-q", "--tb=short", "--color=no",
+            "--continue-on-collection-errors",
+            *task.test_files, canary_file]
+    ro = [canary_file] + [p for p in task.test_files if os.path.lexists(view.host_path("work", p))]
+    report_task = asyncio.ensure_future(_read_fd(read_fd))
+    try:
+      res = await view.exec(argv, env=env, ro_files=ro, pass_fds=[write_fd])
+    finally:
+      os.close(write_fd)
+    report = await report_task
+    return res.exit_code, res.timed_out, report, res.output
+
+
+async def _read_fd(fd: int) -> bytes:
+  """Reads a pipe to EOF on the event loop (no thread per run), keeping at most a cap."""
+  loop = asyncio.get_running_loop()
+  reader = asyncio.StreamReader()
+  transport, _ = await loop.connect_read_pipe(
+      lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0))
+  chunks, total = [], 0
+  try:
+    while chunk := await reader.read(65536):
+      if total < _MAX_REPORT_BYTES:
+        chunks.append(chunk)
+      total += len(chunk)
+  finally:
+    transport.close()
+  return b"".join(chunks)[:_MAX_REPORT_BYTES]
+
+
+def _read(path: str) -> str | None:
+  try:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+  except OSError:
+    return None
+  with os.fdopen(fd, "rb") as f:
+    return f.read(4 << 20).decode(errors="replace")
+
+
+def _sh(s: str) -> str:
+  return shlex.quote(s)

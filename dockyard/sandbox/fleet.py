@@ -1,0 +1,137 @@
+"""The sandbox fleet: executors as Ray actors, one per placement bundle (strategy SPREAD), each
+serving the executor's HTTP API on its own node.
+
+  urls, handle = start_local_fleet(config)   # used by the launcher when sandbox_urls is empty
+  ...
+  handle.shutdown()
+
+Each actor runs uvicorn in a thread with its own event loop (so the actor's method calls stay
+free for `url()` / `health()`), binding 127.0.0.1 for a local fleet and the node's IP otherwise.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+from dockyard import ray_utils
+
+
+class _ExecutorServer:
+  """The body of the Ray actor (kept as a plain class so it can be tested without Ray)."""
+
+  def __init__(self, host: str, port: int, slots: int, queue_size: int, limits: dict,
+               repos_dir: str | None, cache_dir: str | None):
+    import asyncio
+
+    import uvicorn
+
+    from dockyard.sandbox.executor import Executor, Limits
+    from dockyard.sandbox.local import free_port
+    from dockyard.sandbox.server import make_app
+    port = port if port and _port_free(host, port) else free_port(host)
+    self._url = f"http://{host}:{port}"
+    self._error = None
+    ready = threading.Event()
+
+    def serve():
+      try:
+        asyncio.set_event_loop(asyncio.new_event_loop())
+        executor = Executor(repos_dir=repos_dir, cache_dir=cache_dir, slots=slots or None,
+                            limits=Limits(**limits))
+        app = make_app(executor, queue_size=queue_size)
+        self._server = uvicorn.Server(uvicorn.Config(app, host=host, port=port,
+                                                     log_level="warning"))
+        ready.set()
+        self._server.run()
+      except BaseException as e:  # surfaced by url()
+        self._error = e
+        ready.set()
+
+    self._thread = threading.Thread(target=serve, daemon=True)
+    self._thread.start()
+    ready.wait(60)
+
+  def url(self) -> str:
+    """The server's URL once it accepts connections (raises if it failed to start)."""
+    deadline = time.monotonic() + 60
+    while self._error is None:
+      server = getattr(self, "_server", None)
+      if server is not None and server.started:
+        return self._url
+      if time.monotonic() > deadline:
+        raise RuntimeError(f"executor at {self._url} did not start within 60 s")
+      time.sleep(0.05)
+    raise RuntimeError(f"executor failed to start: {self._error!r}")
+
+  def stop(self) -> None:
+    if getattr(self, "_server", None) is not None:
+      self._server.should_exit = True
+      self._thread.join(10)
+
+
+def _port_free(host: str, port: int) -> bool:
+  import socket
+  with socket.socket() as s:
+    try:
+      s.bind((host, port))
+      return True
+    except OSError:
+      return False
+
+
+@dataclasses.dataclass
+class FleetHandle:
+  actors: list
+  placement_group: object
+
+  def shutdown(self) -> None:
+    import ray
+    from ray.util.placement_group import remove_placement_group
+    for actor in self.actors:
+      try:
+        ray.get(actor.stop.remote(), timeout=15)
+      except Exception:
+        pass
+      ray.kill(actor)
+    self.actors = []
+    if self.placement_group is not None:
+      remove_placement_group(self.placement_group)
+      self.placement_group = None
+
+
+def start_local_fleet(config, repos_dir: str | None = None, cache_dir: str | None = None,
+                      host: str | None = None) -> tuple[list[str], FleetHandle]:
+  """Starts `config.sandbox.num_executors` executor actors; returns their URLs and a handle."""
+  ray = ray_utils.init_ray(config.run.get("ray_address", "") if "run" in config else "")
+  from ray.util.placement_group import placement_group
+  from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+  from dockyard.sandbox.isolation import Limits
+  sb = config.sandbox
+  n = int(sb.num_executors)
+  if n < 1:
+    raise ValueError(f"config.sandbox.num_executors: expected >= 1, got {n}")
+  slots = int(sb.slots)          # 0: each executor uses its node's cores
+  limits = {k: v for k, v in vars(Limits.from_config(sb)).items()}
+  local = not (config.run.get("ray_address", "") if "run" in config else "")
+  # The same bundles the launcher's plan prints: the executor's own CPUs. Its sandboxes are
+  # ordinary processes on that node, limited by `slots`, not by Ray.
+  cpus = max(int(sb.slots), 1)
+  pg = placement_group([{"CPU": cpus}] * n, strategy="SPREAD")
+  ray.get(pg.ready(), timeout=120)
+  actor_cls = ray.remote(num_cpus=cpus)(_ExecutorServer)
+  actors = []
+  for i in range(n):
+    bind = host or ("127.0.0.1" if local else ray.util.get_node_ip_address())
+    actors.append(actor_cls.options(
+        scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i)
+    ).remote(bind, int(sb.port) if not local else 0, slots, int(sb.queue_size), limits,
+             repos_dir or sb.get("repos_dir") or None, cache_dir or sb.get("cache_dir") or None))
+  handle = FleetHandle(actors, pg)
+  try:
+    urls = ray.get([a.url.remote() for a in actors], timeout=120)
+  except BaseException:
+    handle.shutdown()
+    raise
+  return urls, handle

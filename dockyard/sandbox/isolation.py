@@ -1,0 +1,362 @@
+"""Isolation: a private copy-on-write view of a cached tree, and bubblewrap runs inside it.
+
+A `View` is one task's workspace. A small root "holder" process lives in its own mount namespace
+(`unshare --mount`) where it mounts a size-limited tmpfs (the run's disk budget) at MOUNT_POINT
+and an overlayfs on it: the cached tree is the read-only lower layer, the tmpfs holds the upper
+layer, so a run sees a private writable copy and the cache is never written (no hardlinks). Host
+paths the sandbox needs but the sandbox user may not traverse (the Python under /root) are bound
+into the tmpfs by root. Every command then enters that namespace (`nsenter`), drops to an
+unprivileged uid (`setpriv`), and runs under `bwrap --unshare-all` (new user, pid, net, ipc, uts
+namespaces: no network; read-only system; tmpfs /tmp and $HOME; only /testbed writable), with
+rlimits set by `prlimit`. RLIMIT_NPROC bites because the outer uid is not root. When the holder
+exits, its namespace and every mount in it disappear; killing bwrap kills the sandbox's pid 1,
+which takes the whole process tree (setsid daemons included) down with the pid namespace.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+from typing import Sequence
+
+MOUNT_POINT = os.path.join(tempfile.gettempdir(), "dockyard-sandbox-mnt")
+SANDBOX_UID = 65534           # nobody: not root, so RLIMIT_NPROC applies
+WORKDIR = "/testbed"          # where the view appears inside the sandbox
+INPUT_DIR = "/dockyard/in"    # read-only inputs (patches) inside the sandbox
+HOME = "/home/sandbox"
+
+
+@dataclasses.dataclass
+class Limits:
+  """Per-run limits; the names match `config.sandbox`."""
+  timeout_s: float = 60.0          # wall clock for one command; the whole tree is killed
+  cpu_time_s: int = 120            # RLIMIT_CPU per process
+  memory_mb: int = 4096            # RLIMIT_AS per process
+  max_processes: int = 256         # RLIMIT_NPROC for the sandbox user
+  max_file_size_mb: int = 64       # RLIMIT_FSIZE
+  max_open_files: int = 1024       # RLIMIT_NOFILE
+  max_output_bytes: int = 1 << 20  # stdout+stderr kept (head and tail halves)
+  disk_mb: int = 1024              # the view's tmpfs (writes into the tree) and /tmp each
+
+  def __post_init__(self):
+    for field in dataclasses.fields(self):
+      value = getattr(self, field.name)
+      if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"Limits.{field.name}: expected a positive number, got {value!r}")
+
+  @classmethod
+  def from_config(cls, sandbox_config) -> "Limits":
+    names = [f.name for f in dataclasses.fields(cls)]
+    return cls(**{n: sandbox_config[n] for n in names if n in sandbox_config})
+
+
+@dataclasses.dataclass
+class Output:
+  """Head and tail of a stream whose total size may be huge."""
+  head: bytes = b""
+  tail: bytes = b""
+  total_bytes: int = 0
+
+  @property
+  def truncated(self) -> bool:
+    return self.total_bytes > len(self.head) + len(self.tail)
+
+  def text(self) -> str:
+    gap = f"\n... [{self.total_bytes - len(self.head) - len(self.tail)} bytes cut] ...\n"
+    return self.head.decode(errors="replace") + (gap if self.truncated else "") + (
+        self.tail.decode(errors="replace"))
+
+
+@dataclasses.dataclass
+class RunResult:
+  exit_code: int | None          # None when killed for the wall clock
+  timed_out: bool
+  wall_s: float
+  output: Output
+
+
+async def _drain(reader: asyncio.StreamReader, limit: int) -> Output:
+  """Reads to EOF keeping the first and last `limit // 2` bytes (memory stays bounded)."""
+  half = max(limit // 2, 1)
+  head = bytearray()
+  tail: collections.deque[bytes] = collections.deque()
+  tail_len = total = 0
+  while chunk := await reader.read(65536):
+    total += len(chunk)
+    if len(head) < half:
+      take = half - len(head)
+      head += chunk[:take]
+      chunk = chunk[take:]
+    if chunk:
+      tail.append(chunk)
+      tail_len += len(chunk)
+      while tail_len - len(tail[0]) >= half:
+        tail_len -= len(tail.popleft())
+  tail_bytes = b"".join(tail)[-half:] if tail else b""
+  return Output(bytes(head), tail_bytes, total)
+
+
+def _system_binds() -> list[str]:
+  """bwrap arguments for a read-only system: /usr, /etc and the usr-merge symlinks."""
+  args = ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
+  for name in ("bin", "sbin", "lib", "lib32", "lib64"):
+    path = "/" + name
+    if os.path.islink(path):
+      args += ["--symlink", os.readlink(path), path]
+    elif os.path.isdir(path):
+      args += ["--ro-bind", path, path]
+  return args
+
+
+def host_binds() -> list[str]:
+  """Host directories the sandbox needs at their own paths: the executor's Python."""
+  paths = [sys.prefix, os.path.realpath(sys.base_prefix),
+           os.path.dirname(os.path.realpath(sys.executable))]
+  out = []
+  for p in paths:
+    if p.startswith(("/usr/", "/etc/")) or p in ("/usr", "/etc"):
+      continue
+    if not any(p == q or p.startswith(q + "/") for q in out):
+      out.append(p)
+  return out
+
+
+def check_host() -> None:
+  """Fails with a clear message when this machine cannot run the sandbox."""
+  if os.geteuid() != 0:
+    raise RuntimeError("the sandbox executor must run as root: it mounts a tmpfs and an overlayfs "
+                       "in a private mount namespace and drops to uid 65534 for each run")
+  for tool in ("bwrap", "unshare", "nsenter", "setpriv", "prlimit", "git", "patch"):
+    if not any(os.access(os.path.join(d, tool), os.X_OK) for d in os.environ.get(
+        "PATH", "/usr/bin:/bin").split(":") + ["/usr/bin"]):
+      raise RuntimeError(f"the sandbox needs {tool!r} on PATH (bwrap: apt-get install bubblewrap)")
+
+
+_HOLDER = r"""
+set -eu
+M=$1; LOWER=$2; SIZE=$3; U=$4; shift 4
+mount -t tmpfs -o size=${SIZE}m,nr_inodes=262144,mode=0755 dockyard-run "$M"
+mkdir "$M/up" "$M/wk" "$M/work" "$M/in" "$M/b"
+chown "$U:$U" "$M/up"
+mount -t overlay overlay -o "lowerdir=$LOWER,upperdir=$M/up,workdir=$M/wk" "$M/work"
+i=0
+for p in "$@"; do mkdir "$M/b/$i"; mount --rbind "$p" "$M/b/$i"; i=$((i+1)); done
+echo ready
+exec cat >/dev/null
+"""
+
+_RESET = r"""
+set -eu
+M=$1; LOWER=$2; U=$3
+umount -l "$M/work"
+rm -rf "$M/up" "$M/wk"
+mkdir "$M/up" "$M/wk"
+chown "$U:$U" "$M/up"
+mount -t overlay overlay -o "lowerdir=$LOWER,upperdir=$M/up,workdir=$M/wk" "$M/work"
+"""
+
+
+class View:
+  """One run's private copy-on-write tree (see the module docstring). Use `async with`."""
+
+  def __init__(self, lower: str, limits: Limits, binds: Sequence[tuple[str, str]] = ()):
+    """`binds`: extra (host dir, sandbox path) pairs mounted read-only."""
+    self.lower = lower
+    self.limits = limits
+    self.binds = [(p, p) for p in host_binds()] + list(binds)
+    self._holder: asyncio.subprocess.Process | None = None
+
+  async def __aenter__(self) -> "View":
+    os.makedirs(MOUNT_POINT, exist_ok=True)
+    os.chmod(MOUNT_POINT, 0o755)
+    self._holder = await asyncio.create_subprocess_exec(
+        "unshare", "--mount", "--propagation", "private", "--", "sh", "-c", _HOLDER, "holder",
+        MOUNT_POINT, self.lower, str(self.limits.disk_mb), str(SANDBOX_UID), *[host for host, _ in self.binds],
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, start_new_session=True)
+    line = await asyncio.wait_for(self._holder.stdout.readline(), 30)
+    if line.strip() != b"ready":
+      err = await self._holder.stderr.read()
+      await self.close()
+      raise RuntimeError(f"could not set up the run's overlay view: {err.decode()[-800:]}")
+    return self
+
+  async def __aexit__(self, *exc) -> None:
+    await self.close()
+
+  async def close(self) -> None:
+    holder, self._holder = self._holder, None
+    if holder is None:
+      return
+    if holder.returncode is None:
+      try:
+        os.killpg(holder.pid, signal.SIGKILL)
+      except ProcessLookupError:
+        pass
+    await holder.wait()
+
+  def host_path(self, *parts: str) -> str:
+    """A path inside the view's mount namespace, reachable from the host as root."""
+    return os.path.join(f"/proc/{self._holder.pid}/root{MOUNT_POINT}", *parts)
+
+  def _nsenter(self) -> list[str]:
+    return ["nsenter", f"--mount=/proc/{self._holder.pid}/ns/mnt", "--"]
+
+  async def reset(self) -> None:
+    """Drops every change: a fresh, empty upper layer over the cached tree."""
+    proc = await asyncio.create_subprocess_exec(
+        *self._nsenter(), "sh", "-c", _RESET, "reset", MOUNT_POINT, self.lower, str(SANDBOX_UID),
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    _, err = await proc.communicate()
+    if proc.returncode:
+      raise RuntimeError(f"could not reset the run's view: {err.decode()[-500:]}")
+
+  def write_input(self, name: str, data: str) -> str:
+    """Writes a read-only input (e.g. a patch) the sandbox sees under INPUT_DIR."""
+    with open(self.host_path("in", name), "w") as f:
+      f.write(data)
+    return f"{INPUT_DIR}/{name}"
+
+  def snapshot_upper(self) -> dict[str, tuple]:
+    """(kind, size, mtime) of everything in the upper layer: what runs have written so far."""
+    root = self.host_path("up")
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+      for name in dirnames + filenames:
+        full = os.path.join(dirpath, name)
+        st = os.lstat(full)
+        kind = "link" if os.path.islink(full) else "dir" if name in dirnames else "file"
+        out[os.path.relpath(full, root)] = (kind, st.st_size, st.st_mtime_ns)
+    return out
+
+  def bwrap_argv(self, argv: Sequence[str], env: dict[str, str], ro_files: Sequence[str] = (),
+                 cwd: str = WORKDIR, info_fd: int | None = None) -> list[str]:
+    lim = self.limits
+    m = MOUNT_POINT
+    args = ["setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups", "--",
+            "bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
+            *_system_binds(), "--proc", "/proc", "--dev", "/dev",
+            "--size", str(lim.disk_mb << 20), "--tmpfs", "/tmp",
+            "--size", str(64 << 20), "--tmpfs", HOME,
+            "--bind", f"{m}/work", WORKDIR, "--ro-bind", f"{m}/in", INPUT_DIR]
+    for i, (_, path) in enumerate(self.binds):
+      args += ["--ro-bind", f"{m}/b/{i}", path]
+    for rel in ro_files:
+      args += ["--ro-bind", f"{m}/work/{rel}", f"{WORKDIR}/{rel}"]
+    base_env = {"HOME": HOME, "TMPDIR": "/tmp", "TZ": "UTC", "PYTHONHASHSEED": "0",
+                "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
+                "PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin"}
+    for key, value in {**base_env, **env}.items():
+      args += ["--setenv", key, value]
+    if info_fd is not None:
+      args += ["--info-fd", str(info_fd)]
+    args += ["--remount-ro", "/", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
+             "--hostname", "sandbox", "--chdir", cwd,
+             "prlimit", f"--cpu={lim.cpu_time_s}:{lim.cpu_time_s + 1}",
+             f"--as={lim.memory_mb << 20}", f"--nproc={lim.max_processes}",
+             f"--fsize={lim.max_file_size_mb << 20}", f"--nofile={lim.max_open_files}",
+             "--core=0", "--", *argv]
+    return args
+
+  async def exec(self, argv: Sequence[str], env: dict[str, str] | None = None,
+                 ro_files: Sequence[str] = (), pass_fds: Sequence[int] = (),
+                 timeout_s: float | None = None) -> RunResult:
+    """Runs argv in the sandbox over this view; kills the whole tree at the wall-clock limit.
+
+    bwrap's --info-fd tells us the host pid of the sandbox's pid 1; it is killed (which empties
+    the pid namespace) and waited for, so nothing of the run is alive when this returns.
+    """
+    info_r, info_w = os.pipe()
+    cmd = self._nsenter() + self.bwrap_argv(argv, env or {}, ro_files, info_fd=info_w)
+    start = time.monotonic()
+    try:
+      proc = await asyncio.create_subprocess_exec(
+          *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+          stderr=asyncio.subprocess.STDOUT, pass_fds=(info_w, *pass_fds), start_new_session=True)
+    finally:
+      os.close(info_w)
+    drain = asyncio.ensure_future(_drain(proc.stdout, self.limits.max_output_bytes))
+    info = asyncio.ensure_future(_read_small(info_r))
+    timed_out = False
+    try:
+      await asyncio.wait_for(proc.wait(), timeout_s or self.limits.timeout_s)
+    except asyncio.TimeoutError:
+      timed_out = True
+    finally:
+      try:
+        os.killpg(proc.pid, signal.SIGKILL)
+      except ProcessLookupError:
+        pass
+      await proc.wait()
+      child = _child_pid(await asyncio.wait_for(info, 5))
+      if child:
+        await _kill_and_wait(child)
+    try:
+      output = await asyncio.wait_for(drain, 10)
+    except asyncio.TimeoutError:
+      output = Output(b"", b"[output pipe held open past the run; dropped]", 0)
+    return RunResult(None if timed_out else proc.returncode, timed_out,
+                     time.monotonic() - start, output)
+
+
+async def _read_small(fd: int) -> bytes:
+  loop = asyncio.get_running_loop()
+  reader = asyncio.StreamReader()
+  transport, _ = await loop.connect_read_pipe(
+      lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0))
+  try:
+    # To EOF: closing early would make bwrap's next write hit EPIPE and SIGPIPE kill it
+    # mid-setup, leaving its child blocked forever.
+    return await reader.read()
+  finally:
+    transport.close()
+
+
+def _child_pid(info: bytes) -> int | None:
+  try:
+    return int(json.loads(info.decode().split("}")[0] + "}")["child-pid"])
+  except (ValueError, KeyError, IndexError):
+    return None
+
+
+def _alive(pid: int) -> bool:
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+  except (OSError, IndexError):
+    return False
+
+
+async def _kill_and_wait(pid: int, timeout_s: float = 5.0) -> None:
+  """SIGKILLs the sandbox's pid 1 (the kernel then kills its namespace) and waits until dead."""
+  deadline = time.monotonic() + timeout_s
+  while _alive(pid) and time.monotonic() < deadline:
+    try:
+      os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+      return
+    await asyncio.sleep(0.01)
+
+
+def live_sandbox_processes() -> list[str]:
+  """Live processes of the sandbox uid ("pid name"); none may outlive a run. Zombies are dead
+  and skipped: bwrap's pid 1 exits just after the outer bwrap, and host init reaps it later."""
+  out = []
+  for pid in os.listdir("/proc"):
+    if not pid.isdigit():
+      continue
+    try:
+      with open(f"/proc/{pid}/status") as f:
+        fields = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
+    except OSError:
+      continue
+    if fields.get("Uid", "").split()[:1] == [str(SANDBOX_UID)] and (
+        fields.get("State", "").split()[:1] != ["Z"]):
+      out.append(f"{pid} {fields.get('Name', '').strip()}")
+  return out

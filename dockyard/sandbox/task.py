@@ -1,0 +1,84 @@
+"""The task record the sandbox grades: SWE-bench's instance schema plus the agent's patch.
+
+`parse_task` turns a JSON dict from the wire into a `Task`, or raises `TaskError` naming the field
+that is wrong. FAIL_TO_PASS / PASS_TO_PASS may be lists or SWE-bench's JSON-encoded strings.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from typing import Any, Mapping
+
+_REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_COMMIT_RE = re.compile(r"^[0-9a-fA-F]{7,64}$")
+
+
+class TaskError(ValueError):
+  """A task that cannot be graded; the message starts with the offending field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  instance_id: str
+  repo: str                  # "owner/name" -> <repos_dir>/owner__name
+  base_commit: str
+  patch: str                 # the agent's patch
+  test_patch: str
+  fail_to_pass: tuple[str, ...]
+  pass_to_pass: tuple[str, ...]
+  version: str | None = None
+
+  @property
+  def expected_tests(self) -> tuple[str, ...]:
+    seen = dict.fromkeys(self.fail_to_pass + self.pass_to_pass)
+    return tuple(seen)
+
+  @property
+  def test_files(self) -> tuple[str, ...]:
+    """The files to hand pytest: the part of each node id before '::', in first-seen order."""
+    return tuple(dict.fromkeys(t.split("::", 1)[0] for t in self.expected_tests))
+
+
+def _test_ids(task: Mapping[str, Any], key: str) -> tuple[str, ...]:
+  value = task.get(key, [])
+  if isinstance(value, str):
+    try:
+      value = json.loads(value) if value.strip() else []
+    except json.JSONDecodeError as e:
+      raise TaskError(f"{key}: not a list nor a JSON-encoded list ({e})") from None
+  if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+    raise TaskError(f"{key}: expected a list of pytest node ids (strings)")
+  for nodeid in value:
+    path = nodeid.split("::", 1)[0]
+    if not nodeid.strip() or not path.endswith(".py"):
+      raise TaskError(f"{key}: {nodeid!r} is not a pytest node id like 'tests/test_x.py::test_y'")
+    if path.startswith("/") or ".." in path.split("/"):
+      raise TaskError(f"{key}: {nodeid!r} points outside the repository")
+  return tuple(value)
+
+
+def parse_task(task: Any) -> Task:
+  """Validates a task dict from the wire; raises TaskError naming the problem."""
+  if not isinstance(task, Mapping):
+    raise TaskError(f"task: expected a JSON object, got {type(task).__name__}")
+  for key in ("instance_id", "repo", "base_commit"):
+    if not isinstance(task.get(key), str) or not task.get(key):
+      raise TaskError(f"{key}: missing or not a non-empty string")
+  for key in ("patch", "test_patch"):
+    if key not in task:
+      raise TaskError(f"{key}: missing (use '' for none)")
+    if not isinstance(task[key], str):
+      raise TaskError(f"{key}: expected a string (a unified diff)")
+  if not _REPO_RE.match(task["repo"]):
+    raise TaskError(f"repo: {task['repo']!r} is not 'owner/name'")
+  if not _COMMIT_RE.match(task["base_commit"]):
+    raise TaskError(f"base_commit: {task['base_commit']!r} is not a hex commit id")
+  f2p, p2p = _test_ids(task, "FAIL_TO_PASS"), _test_ids(task, "PASS_TO_PASS")
+  if not f2p and not p2p:
+    raise TaskError("FAIL_TO_PASS: no tests to run (FAIL_TO_PASS and PASS_TO_PASS both empty)")
+  version = task.get("version")
+  return Task(
+      instance_id=task["instance_id"], repo=task["repo"], base_commit=task["base_commit"],
+      patch=task["patch"], test_patch=task["test_patch"], fail_to_pass=f2p, pass_to_pass=p2p,
+      version=None if version is None else str(version))

@@ -1,0 +1,55 @@
+"""Session fixtures for the rollout + refit tests: one tiny model, one in-process vLLM engine,
+one local Ray (2 CPUs) with a 2-engine fleet. Heavy parts are built once and shared."""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+import pytest
+
+from configs import swe
+from dockyard.models.tiny import make_tiny_model
+
+
+@pytest.fixture(scope="session")
+def config():
+  c = swe.get_config("tiny")
+  c.rollout.max_model_len = 512
+  return c
+
+
+@pytest.fixture(scope="session")
+def tiny_path():
+  return make_tiny_model()
+
+
+@pytest.fixture(scope="session")
+def engine(config, tiny_path):
+  from dockyard.rollout.vllm_engine import VLLMEngine
+  return VLLMEngine(tiny_path, config.rollout, seed=0)
+
+
+@pytest.fixture()
+def policy(tiny_path):
+  from tests.rollout.hf_policy import HFTorchPolicy
+  return HFTorchPolicy.from_hf(tiny_path)
+
+
+
+@pytest.fixture(scope="session")
+def fleet(config, tiny_path):
+  """Two engines as Ray actors on a local Ray with 2 CPUs (0.5 CPU per engine bundle)."""
+  from dockyard.rollout.fleet import RolloutFleet
+  c = config.copy_and_resolve_references()
+  c.rollout.num_engines = 2
+  f = RolloutFleet(c, tiny_path, num_cpus=2)
+  yield f
+  f.shutdown()
+
+
+@pytest.fixture()
+def synced_policy(engine, policy):
+  """A fresh policy whose weights the shared engine has loaded (other tests leave theirs behind)."""
+  engine.update_weights(policy.named_weights(), engine.weight_version + 1)
+  return policy

@@ -1,0 +1,36 @@
+"""The Ray sandbox fleet: executors as Ray actors in a SPREAD placement group, serving HTTP."""
+import pytest
+
+from dockyard.sandbox import synthetic as rf
+from configs import swe
+from dockyard.sandbox.client import SandboxClient
+from dockyard.sandbox.fleet import start_local_fleet
+
+pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
+
+
+@pytest.fixture(scope="module")
+def fleet(workspace):
+  import ray
+  config = swe.get_config("tiny")
+  config.sandbox.num_executors = 2
+  config.sandbox.slots = 1
+  urls, handle = start_local_fleet(config, repos_dir=workspace["repos"],
+                                   cache_dir=workspace["cache"])
+  yield urls, handle
+  handle.shutdown()
+  ray.shutdown()
+
+
+async def test_local_fleet_grades_tasks(fleet, workspace):
+  import ray
+  from ray.util.placement_group import placement_group_table
+  urls, handle = fleet
+  assert len(urls) == 2 and all(u.startswith("http://127.0.0.1:") for u in urls)
+  assert len(set(urls)) == 2
+  assert placement_group_table(handle.placement_group)["strategy"] == "SPREAD"
+  tasks = [rf.task(workspace["base"], rf.gold_patch(), instance_id=f"fleet-{i}") for i in range(4)]
+  async with SandboxClient(urls, request_timeout_s=120) as client:
+    verdicts = await client.run_many(tasks)
+  assert all(v["resolved"] for v in verdicts), [v["reason"] for v in verdicts]
+  assert ray.is_initialized()

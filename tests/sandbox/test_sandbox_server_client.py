@@ -1,0 +1,133 @@
+"""The HTTP server and the client against real executor servers: the API, malformed requests,
+back-pressure, 500 tasks in flight, and an executor killed mid-batch."""
+import asyncio
+import json
+import time
+
+import httpx
+import pytest
+
+from dockyard.sandbox import synthetic as rf
+from dockyard.sandbox.client import SandboxClient
+from dockyard.sandbox.local import start_local_executor
+from dockyard.sandbox.server import make_app
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+def _rss_mb(pid: int) -> float:
+  with open(f"/proc/{pid}/status") as f:
+    line = next(l for l in f if l.startswith("VmRSS:"))
+  return int(line.split()[1]) / 1024
+
+
+def _metric(url: str, name: str) -> float:
+  text = httpx.get(url + "/metrics").text
+  line = next(l for l in text.splitlines() if l.startswith(f"dockyard_sandbox_{name} "))
+  return float(line.split()[1])
+
+
+async def test_submit_wait_and_get(server, workspace):
+  async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
+    health = (await http.get("/healthz")).json()
+    assert health["ok"] and health["slots"] == 2
+    tasks = [rf.task(workspace["base"], rf.gold_patch(), instance_id="api-gold"),
+             rf.task(workspace["base"], "", instance_id="api-empty")]
+    ids = (await http.post("/task/submit", json=tasks)).json()["ids"]
+    assert len(ids) == 2 and len(set(ids)) == 2
+    waited = (await http.post("/task/wait", json={"ids": ids, "timeout": 60})).json()["tasks"]
+    assert [t["status"] for t in waited] == ["done", "done"]
+    assert waited[0]["verdict"]["resolved"] and waited[0]["verdict"]["instance_id"] == "api-gold"
+    one = (await http.get(f"/task/{ids[1]}", params={"wait": 1})).json()
+    assert one["verdict"]["reason"] == "empty patch"
+    single = (await http.post("/task/submit", json=tasks[1])).json()["ids"]
+    assert len(single) == 1
+    assert "dockyard_sandbox_completed_total" in (await http.get("/metrics")).text
+
+
+@pytest.mark.parametrize("body, status, message", [
+    (b"{not json", 400, "body: not valid JSON"),
+    (json.dumps({"instance_id": "x"}).encode(), 422, "repo: missing"),
+    (json.dumps([]).encode(), 422, "empty list"),
+    (json.dumps([rf.task("a" * 40, ""), dict(rf.task("a" * 40, ""), FAIL_TO_PASS=3)]).encode(),
+     422, "task[1] FAIL_TO_PASS"),
+])
+async def test_malformed_submissions_name_the_problem(server, body, status, message):
+  async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+    resp = await http.post("/task/submit", content=body)
+    assert resp.status_code == status and message in resp.json()["error"], resp.text
+    resp = await http.get("/task/nope")
+    assert resp.status_code == 404 and "unknown" in resp.json()["error"]
+    resp = await http.post("/task/wait", json={"ids": "x"})
+    assert resp.status_code == 422 and "ids" in resp.json()["error"]
+
+
+async def test_full_queue_answers_429(executor):
+  # No lifespan here, so no workers drain the queue: the third task cannot fit.
+  app = make_app(executor, queue_size=2)
+  transport = httpx.ASGITransport(app=app)
+  async with httpx.AsyncClient(transport=transport, base_url="http://sandbox") as http:
+    task = rf.task("a" * 40, "")
+    assert (await http.post("/task/submit", json=[task, task])).status_code == 200
+    resp = await http.post("/task/submit", json=task)
+    assert resp.status_code == 429 and "queue full" in resp.json()["error"]
+    metrics = (await http.get("/metrics")).text
+    assert "dockyard_sandbox_rejected_total 1" in metrics
+    assert "dockyard_sandbox_queued 2" in metrics
+
+
+async def test_client_runs_real_tasks_in_order(server, workspace):
+  wrong = rf.src_patch(rf.CORE_BUGGY.replace("a - b\n\n\ndef sub", "0\n\n\ndef sub"))
+  tasks = [rf.task(workspace["base"], p, instance_id=f"client-{i}")
+           for i, p in enumerate([rf.gold_patch(), wrong, rf.gold_patch()])]
+  async with SandboxClient([server.url], request_timeout_s=120, max_in_flight=4) as client:
+    verdicts = await client.run_many(tasks)
+  assert [v["instance_id"] for v in verdicts] == ["client-0", "client-1", "client-2"]
+  assert [v["resolved"] for v in verdicts] == [True, False, True]
+
+
+async def test_client_rejects_bad_arguments():
+  with pytest.raises(ValueError, match="urls"):
+    SandboxClient([])
+  with pytest.raises(ValueError, match="not an http"):
+    SandboxClient(["localhost:9090"])
+  with pytest.raises(ValueError, match="max_in_flight"):
+    SandboxClient(["http://x"], max_in_flight=0)
+
+
+async def test_500_in_flight_none_lost_or_duplicated(server, workspace):
+  # Empty patches: each is a full trip through the queue and a worker, without a sandbox run.
+  n = 500
+  tasks = [rf.task(workspace["base"], "", instance_id=f"load-{i}") for i in range(n)]
+  submitted = _metric(server.url, "submitted_total")
+  rss_before = _rss_mb(server.process.pid)
+  start = time.monotonic()
+  async with SandboxClient([server.url], request_timeout_s=120, max_in_flight=n,
+                           wait_s=10) as client:
+    verdicts = await client.run_many(tasks)
+  elapsed = time.monotonic() - start
+  assert [v["instance_id"] for v in verdicts] == [f"load-{i}" for i in range(n)]
+  assert all(v["reason"] == "empty patch" for v in verdicts)
+  assert _metric(server.url, "submitted_total") - submitted == n   # none resubmitted twice
+  assert _rss_mb(server.process.pid) - rss_before < 150, "executor memory grew unbounded"
+  assert elapsed < 60
+
+
+async def test_killing_an_executor_mid_batch_loses_nothing(workspace, tmp_path):
+  a = start_local_executor(slots=1, repos_dir=workspace["repos"], cache_dir=workspace["cache"])
+  b = start_local_executor(slots=1, repos_dir=workspace["repos"], cache_dir=workspace["cache"])
+  try:
+    tasks = [rf.task(workspace["base"], rf.gold_patch(), instance_id=f"fo-{i}") for i in range(6)]
+    async with SandboxClient([a.url, b.url], request_timeout_s=180, max_in_flight=6,
+                             wait_s=5) as client:
+      batch = asyncio.ensure_future(client.run_many(tasks))
+      await asyncio.sleep(1.5)
+      assert not batch.done()
+      a.kill()
+      verdicts = await batch
+      assert client.resubmissions >= 1
+    assert [v["instance_id"] for v in verdicts] == [f"fo-{i}" for i in range(6)]
+    assert all(v["resolved"] for v in verdicts), [v["reason"] for v in verdicts]
+  finally:
+    a.kill()
+    b.kill()

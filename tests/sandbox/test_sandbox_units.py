@@ -1,0 +1,143 @@
+"""Unit tests of the parts that need no sandbox: task parsing, static integrity, grading."""
+import json
+
+import pytest
+
+from dockyard.sandbox import synthetic as rf
+from dockyard.sandbox import grading, integrity
+from dockyard.sandbox.isolation import Limits, Output, _drain
+from dockyard.sandbox.task import TaskError, parse_task
+
+
+def test_parse_task_accepts_swe_bench_json_strings():
+  t = rf.task("a" * 40, rf.gold_patch())
+  t["FAIL_TO_PASS"] = json.dumps(t["FAIL_TO_PASS"])
+  parsed = parse_task(t)
+  assert parsed.fail_to_pass == ("tests/test_calc.py::test_add", "tests/test_new.py::test_new_add")
+  assert parsed.test_files == ("tests/test_calc.py", "tests/test_new.py")
+
+
+@pytest.mark.parametrize("change, field", [
+    (dict(repo="no-slash"), "repo"),
+    (dict(base_commit="zzz"), "base_commit"),
+    (dict(patch=3), "patch"),
+    (dict(FAIL_TO_PASS="[not json"), "FAIL_TO_PASS"),
+    (dict(FAIL_TO_PASS=["../x.py::t"]), "FAIL_TO_PASS"),
+    (dict(PASS_TO_PASS=["tests/test_calc.py"]), None),
+    (dict(FAIL_TO_PASS=[], PASS_TO_PASS=[]), "FAIL_TO_PASS"),
+    (dict(instance_id=""), "instance_id"),
+])
+def test_parse_task_names_the_bad_field(change, field):
+  t = rf.task("a" * 40, "")
+  t.update(change)
+  if field is None:
+    assert parse_task(t).pass_to_pass == ("tests/test_calc.py",)
+    return
+  with pytest.raises(TaskError, match=f"^{field}"):
+    parse_task(t)
+  with pytest.raises(TaskError, match="^task: expected a JSON object"):
+    parse_task([t])
+
+
+def test_check_patch_passes_a_clean_source_patch():
+  assert integrity.check_patch(rf.gold_patch(), ["tests/test_calc.py"]) == []
+
+
+@pytest.mark.parametrize("patch, code", [
+    (rf.diff("tests/test_calc.py", rf.TEST_BASE, rf.TEST_BASE + "\n"), "touches_test_patch_path"),
+    (rf.diff("tests/test_other.py", None, "x = 1\n"), "touches_test_file"),
+    (rf.diff("conftest.py", None, "x = 1\n"), "touches_conftest"),
+    (rf.diff("pytest.ini", None, "[pytest]\naddopts = -x\n"), "touches_pytest_config"),
+    (rf.diff("calc/sitecustomize.py", None, "x = 1\n"), "touches_site_hook"),
+    (rf.diff("evil.pth", None, "import os\n"), "touches_site_hook"),
+    (rf.diff("../escape.py", None, "x = 1\n"), "path_escape"),
+    (rf.diff(".git/hooks/post-checkout", None, "x\n"), "path_escape"),
+    ("2c\nreturn a + b\n.\n", "ed_style_hunk"),
+    ("diff --git a/x.bin b/x.bin\nnew file mode 100644\nGIT binary patch\nliteral 3\nKcmZ?b1\n\n",
+     "binary_patch"),
+    ("diff --git a/link b/link\nnew file mode 120000\n--- /dev/null\n+++ b/link\n@@ -0,0 +1 @@\n"
+     "+/etc/passwd\n\\ No newline at end of file\n", "symlink"),
+    ("this is not a diff\n", "unparseable_patch"),
+])
+def test_check_patch_findings(patch, code):
+  findings = integrity.check_patch(patch, ["tests/test_calc.py"])
+  assert any(f.startswith(code) for f in findings), findings
+
+
+def test_config_finding_only_for_pytest_sections():
+  base = "[metadata]\nname = calc\n\n[tool:pytest]\nxfail_strict = true\n"
+  assert integrity.config_finding("setup.cfg", base, base.replace("calc", "calc2")) is None
+  assert integrity.config_finding("setup.cfg", base, base + "addopts = -p no:x\n")
+  toml = '[project]\nname = "x"\n'
+  assert integrity.config_finding("pyproject.toml", toml, toml + "version = '1'\n") is None
+  assert integrity.config_finding("pyproject.toml", toml,
+                                  toml + "[tool.pytest.ini_options]\naddopts = '-q'\n")
+
+
+def _report(nodeid, when, outcome, raw=None, wasxfail=False):
+  return dict(event="report", nodeid=nodeid, when=when, outcome=outcome, wasxfail=wasxfail,
+              raw=raw or outcome)
+
+
+def test_statuses_and_swe_bench_rule():
+  events = [_report("a", "setup", "passed"), _report("a", "call", "passed"),
+            _report("b", "setup", "passed"), _report("b", "call", "failed"),
+            _report("c", "setup", "failed"),
+            _report("d", "setup", "passed"), _report("d", "call", "skipped", wasxfail=True),
+            _report("e", "setup", "skipped"),
+            dict(event="collect_error", nodeid="tests/test_broken.py")]
+  found, findings = grading.statuses(events)
+  assert found == {"a": "PASSED", "b": "FAILED", "c": "ERROR", "d": "XFAIL", "e": "SKIPPED",
+                   "tests/test_broken.py": "ERROR"}
+  assert findings == []
+  status = grading.expected_statuses(found, ["a", "d", "zz", "tests/test_broken.py::t"])
+  assert status["zz"] == "MISSING" and status["tests/test_broken.py::t"] == "ERROR"
+  assert grading.grade(status, ["a", "d"], []) == (True, 1.0)
+  assert grading.grade(status, ["a"], ["zz"]) == (False, 0.5)
+
+
+def test_tampered_duplicated_and_late_reports_are_findings():
+  events = [_report("a", "call", "passed", raw="failed"), _report("b", "call", "failed"),
+            dict(event="finish", exitstatus=1), _report("b", "call", "passed")]
+  _, findings = grading.statuses(events)
+  codes = {f.split(":")[0] for f in findings}
+  assert codes == {"report_tampered", "report_duplicate", "report_after_finish"}
+
+
+def test_run_checks_need_a_failed_canary_and_consistent_exit():
+  found = {"canary": "PASSED"}
+  findings = grading.run_checks([dict(event="finish", exitstatus=0)], 0, "canary", found)
+  assert any(f.startswith("canary_not_failed") for f in findings)
+  assert any(f.startswith("exit_code_inconsistent") for f in findings)
+  assert grading.run_checks([dict(event="finish", exitstatus=1)], 1, "canary",
+                            {"canary": "FAILED"}) == []
+
+
+def test_limits_reject_bad_values():
+  with pytest.raises(ValueError, match="Limits.timeout_s"):
+    Limits(timeout_s=0)
+  with pytest.raises(ValueError, match="Limits.memory_mb"):
+    Limits(memory_mb="big")
+
+
+async def test_drain_keeps_head_and_tail_bounded():
+  import asyncio
+  reader = asyncio.StreamReader()
+  reader.feed_data(b"H" * 1000 + b"x" * 5_000_000 + b"T" * 1000)
+  reader.feed_eof()
+  out = await _drain(reader, 4000)
+  assert out.head == b"H" * 1000 + b"x" * 1000
+  assert out.tail == b"x" * 1000 + b"T" * 1000
+  assert out.total_bytes == 5_002_000 and out.truncated
+  assert isinstance(out, Output) and "bytes cut" in out.text()
+
+
+def test_client_from_config_uses_env_code():
+  from configs import swe
+  from dockyard.sandbox.client import SandboxClient
+  config = swe.get_config("full")
+  client = SandboxClient.from_config(config)
+  assert client.urls == ["http://localhost:9090"] and client.request_timeout_s == 600.0
+  with pytest.raises(ValueError, match="urls"):
+    SandboxClient.from_config(swe.get_config("tiny"))   # tiny has no URLs: the local fleet's
+  assert SandboxClient.from_config(swe.get_config("tiny"), urls=["http://h:1"]).urls == ["http://h:1"]
