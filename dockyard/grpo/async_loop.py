@@ -122,6 +122,8 @@ class Collector:
     self._thread = threading.Thread(target=self._run_loop, name="collector", daemon=True)
     self._open = None   # asyncio.Event: set while generations may start (set up in the thread)
     self._idle = threading.Condition()
+    self._queue: list = []      # (request, future) waiting for the in-process engine
+    self._batching = False
 
   # -- trainer-facing ---------------------------------------------------------------------------
   def start(self) -> None:
@@ -211,8 +213,10 @@ class Collector:
       await self._open.wait()
     self.generating += 1
     try:
-      if hasattr(self.generator, "agenerate"):
+      if hasattr(self.generator, "agenerate"):     # the Ray fleet: batches on the engine side
         call = self.generator.agenerate(prompt, self.n, sampling)
+      elif hasattr(self.generator, "generate_many"):   # an in-process engine: batch here
+        call = self._batched(prompt, sampling)
       else:
         call = asyncio.to_thread(lambda: self.generator.generate([prompt], self.n, sampling)[0])
       return await asyncio.wait_for(call, self.rollout_timeout)
@@ -220,6 +224,34 @@ class Collector:
       self.generating -= 1
       with self._idle:
         self._idle.notify_all()
+
+  async def _batched(self, prompt: list[int], sampling):
+    """Requests that arrive while the engine is busy go to it together as one batch (its
+    `generate_many`), so many groups in flight share continuous batching, as on the fleet."""
+    fut = asyncio.get_running_loop().create_future()
+    self._queue.append((([prompt], self.n, sampling), fut))
+    if not self._batching:
+      self._batching = True
+      asyncio.create_task(self._drain_batches())
+    return await fut
+
+  async def _drain_batches(self) -> None:
+    try:
+      while self._queue:
+        items, self._queue = self._queue, []
+        items = [(r, f) for r, f in items if not f.done()]   # timed out while queued
+        try:
+          outs = await asyncio.to_thread(self.generator.generate_many, [r for r, _ in items])
+        except Exception as e:
+          for _, f in items:
+            if not f.done():
+              f.set_exception(e)
+          continue
+        for (_, f), out in zip(items, outs):
+          if not f.done():
+            f.set_result(out[0])
+    finally:
+      self._batching = False
 
   async def _one(self, seq: int, task: Mapping[str, Any]) -> None:
     """One prompt: generate (+ resubmit on abort / retry on timeout), score, put in the buffer."""
