@@ -29,6 +29,7 @@ sys.path.insert(0, ROOT)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 
 def make_config(args):
@@ -43,6 +44,7 @@ def make_config(args):
   c.rollout.max_new_tokens, c.rollout.max_model_len = args.max_new_tokens, 256
   c.policy.max_seq_len = 256
   c.optim.micro_batch_size = args.prompts * args.generations
+  c.optim.decay_steps = 100          # one schedule for the warm-up, sync and async runs
   c.checkpoint.enabled = False
   c.logging.tensorboard, c.logging.png_curve = False, False
   validate.validate(c)
