@@ -165,3 +165,27 @@ def test_a_collector_failure_reaches_the_trainer(tokenizer, tmp_path):
   config = async_config(**SMALL)
   with pytest.raises(RuntimeError, match="collector failed.*exploded on purpose"):
     run(config, tokenizer, tmp_path, fail_on_call=2)
+
+
+class BatchingGenerator(SlowGenerator):
+  """An in-process engine's `generate_many`: one call serves every request queued meanwhile."""
+
+  def __init__(self, *a, **kw):
+    super().__init__(*a, **kw)
+    self.batch_sizes = []
+
+  def generate_many(self, requests):
+    self.batch_sizes.append(len(requests))
+    return [self.generate(p, n, s) for p, n, s in requests]
+
+
+def test_requests_to_an_in_process_engine_are_batched(tokenizer, tmp_path):
+  config = async_config(**SMALL)
+  env = FirstDigitEnv(MathConfig.from_config(config))
+  policy = BigramPolicy(len(tokenizer), lr=0.5, micro_batch_size=16)
+  gen = BatchingGenerator(np.asarray(policy.table), tokenizer.eos_token_id, delay=0.05)
+  async_loop.async_grpo_train(config, policy=policy, generator=gen, synchronizer=FakeSynchronizer(policy, gen),
+                              env=env, tokenizer=tokenizer, train_tasks=env.train, val_tasks=env.validation,
+                              workdir=str(tmp_path), progress=False)
+  assert policy.step == 3 and sum(gen.batch_sizes) >= 6
+  assert max(gen.batch_sizes) > 1      # groups in flight together went to the engine as one batch
