@@ -187,7 +187,7 @@ def refit(synchronizer) -> dict[str, float]:
   out = {}
   for k, v in sync_metrics.items():
     if isinstance(v, (int, float, np.number)) and not isinstance(v, bool):
-      out[f"refit/{k}"] = float(v)
+      out[k if k.startswith("refit/") else f"refit/{k}"] = float(v)   # WeightSynchronizer prefixes
   return out
 
 
