@@ -33,6 +33,8 @@ def run(config, tokenizer, workdir, env=None, **gen_kw):
                                     workdir=str(workdir), progress=False)
   rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
   log = [json.loads(line) for line in open(os.path.join(workdir, async_loop.ASYNC_LOG))]
+  assert log[0] == {"start": 0, "next_seq": 0, "pending": []}
+  log = [row for row in log if "step" in row]
   return res, [r for r in rows if "reward/raw_mean" in r], log, (policy, gen, sync)
 
 
