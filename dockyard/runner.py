@@ -1,7 +1,112 @@
-"""Builds the parts a validated config names and runs the loop (filled in by the GRPO issues)."""
+"""Builds the parts a validated config names, runs the loop, and tears everything down.
+
+The order matters on a small machine: Ray first (before JAX spins up threads), then the
+environment (and the local sandbox fleet for SWE when no URLs are configured), the policy, the
+vLLM rollout fleet, the weight synchronizer; then the sync or async GRPO loop (or, in eval mode,
+one validation pass over the test split). Whatever fails, every fleet is shut down on the way
+out, and the failing component is named in the error.
+"""
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+import time
+from typing import Any
 
-def run(config, paths) -> None:
-  raise SystemExit("dockyard: the training loop is not built yet (see the open GRPO issues); "
-                   f"the plan above was validated and written to {paths['config']}")
+log = logging.getLogger(__name__)
+
+
+class ComponentError(RuntimeError):
+  """A part failed to start or run; the message starts with its name."""
+
+
+@contextlib.contextmanager
+def component(name: str):
+  try:
+    yield
+  except ComponentError:
+    raise
+  except KeyboardInterrupt:
+    raise
+  except Exception as e:  # noqa: BLE001 — re-raised with the component named
+    raise ComponentError(f"[{name}] {type(e).__name__}: {e}") from e
+
+
+def resolve_model(config) -> str:
+  if config.policy.model_name_or_path:
+    return config.policy.model_name_or_path
+  from dockyard.models import tiny
+  return tiny.make_tiny_model(dict(config.policy.tiny), seed=config.run.seed)
+
+
+def build_env(config, tokenizer, stack: contextlib.ExitStack) -> tuple[Any, list, list, list]:
+  """(env, train_tasks, val_tasks, test_tasks) for `config.env.name`."""
+  if config.env.name == "math":
+    from dockyard.envs import math as math_env
+    cfg = math_env.MathConfig.from_config(config)
+    train, val = math_env.make_dataset(cfg)
+    return math_env.MathEnv(cfg), train, val, val
+  from dockyard.data import swe as swe_data
+  from dockyard.envs.swe import SweEnv
+  from dockyard.sandbox.client import SandboxClient
+
+  def load(path):
+    return [t.to_dict() for t in swe_data.load_tasks(path)] if path and os.path.exists(path) else []
+  train, val, test = load(config.data.train), load(config.data.validation), load(config.data.test)
+  if not train:
+    raise ValueError(f"config.data.train: no tasks at {config.data.train!r}")
+  repos_dir = config.sandbox.repos_dir or None
+  from dockyard.data import repos as repo_lib
+  repo_lib.ensure_repos_for(train + val + test, repos_dir)
+  urls = list(config.env.code.sandbox_urls)
+  if not urls:
+    from dockyard.sandbox.fleet import start_local_fleet
+    urls, handle = start_local_fleet(config)
+    stack.callback(handle.shutdown)
+  client = SandboxClient.from_config(config, urls=urls)
+  count = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])
+  env = SweEnv(client, count, prompt_token_budget=config.env.code.prompt_token_budget,
+               reward=config.env.code.reward, repos_dir=repos_dir)
+  return env, train, val, test
+
+
+def run(config, paths: dict[str, str]) -> None:
+  from dockyard import ray_utils
+  t0 = time.perf_counter()
+  with contextlib.ExitStack() as stack:
+    with component("ray"):
+      ray = ray_utils.init_ray(config.run.ray_address)
+      stack.callback(ray.shutdown)
+    with component("model"):
+      model_path = resolve_model(config)
+      import transformers
+      tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)
+    with component("env"):
+      env, train_tasks, val_tasks, test_tasks = build_env(config, tokenizer, stack)
+    with component("trainer"):
+      from dockyard import policy_factory
+      policy = policy_factory.make_policy(config, model_path)
+    with component("rollout"):
+      from dockyard.rollout.fleet import RolloutFleet
+      generator = RolloutFleet(config, model_path)
+      stack.callback(generator.shutdown)
+    with component("refit"):
+      from dockyard.refit.synchronizer import create_weight_synchronizer
+      synchronizer = create_weight_synchronizer(config, policy, generator)
+    setup_s = time.perf_counter() - t0
+    if config.run.mode == "eval":
+      from dockyard import eval as eval_lib
+      eval_lib.evaluate(config, generator=generator, env=env, tokenizer=tokenizer, tasks=test_tasks,
+                        workdir=paths["workdir"])
+      return
+    if config.grpo.async_grpo.enabled:
+      from dockyard.grpo.async_loop import async_grpo_train as train_fn
+    else:
+      from dockyard.grpo.sync_loop import grpo_train as train_fn
+    result = train_fn(config, policy=policy, generator=generator, synchronizer=synchronizer, env=env,
+                      tokenizer=tokenizer, train_tasks=train_tasks, val_tasks=val_tasks,
+                      workdir=paths["workdir"])
+    from dockyard import summary
+    print(summary.render(config, paths["workdir"], result, setup_s=setup_s,
+                         total_s=time.perf_counter() - t0), flush=True)

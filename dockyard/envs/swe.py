@@ -112,6 +112,16 @@ class SweEnv(Environment):
   def prompt_messages(self, task: Mapping[str, Any]) -> list[dict[str, str]]:
     return build_prompt(task, self._reader(task), self.count_tokens, self.budget)
 
+  def gold_completion(self, task: Mapping[str, Any]) -> str:
+    """The SFT warm start's target: the gold patch in the answer format the prompt asks for."""
+    return f"```diff\n{task['patch']}```"
+
+  def validation_metrics(self, rewards) -> dict[str, float]:
+    n = max(len(rewards), 1)
+    return {"resolve_rate": sum(bool(r.info.get("resolved")) and r.value > 0 for r in rewards) / n,
+            "malformed_fraction": sum(r.malformed for r in rewards) / n,
+            "pass_rate": sum(float(r.info.get("pass_rate") or 0.0) for r in rewards) / n}
+
   async def score(self, task: Mapping[str, Any], completion: str) -> Reward:
     got = patch_extract.extract_patch(completion)
     if got.patch is None:
