@@ -166,7 +166,10 @@ class Collector:
     self._open.set()
 
   async def _set_open(self, value: bool) -> None:
-    self._open.set() if value else self._open.clear()
+    if value:
+      self._open.set()
+    else:
+      self._open.clear()
 
   async def _cancel_all(self) -> None:
     me = asyncio.current_task()
