@@ -1,0 +1,39 @@
+"""The sandbox validation logic (`check_tasks`), driven by a stand-in client that grades patches.
+
+The stand-in is only the far side of `run_many`; what is tested is the bookkeeping around it: what
+gets submitted (schema keys, gold vs empty patch) and how verdicts turn into pass / fail.
+"""
+import pytest
+
+from dockyard.data import swe, validate_swe
+
+TASK = swe.SweTask(instance_id="o__n-1", repo="o/n", base_commit="a" * 40, patch="GOLD",
+                   FAIL_TO_PASS=["t.py::a"], PASS_TO_PASS=["t.py::b"], meta={"package": "n"})
+
+
+class Client:
+  def __init__(self, resolves):
+    self.resolves, self.seen = resolves, []
+
+  async def run_many(self, tasks):
+    self.seen.append(tasks)
+    return [{"resolved": self.resolves(t), "reason": "tests failed"} for t in tasks]
+
+
+async def test_gold_and_empty_submitted_each_repeat():
+  client = Client(lambda t: t["patch"] == "GOLD")
+  (check,) = await validate_swe.check_tasks(client, [TASK], repeats=3)
+  assert check.ok and (check.gold_resolved, check.empty_resolved, check.runs) == (3, 0, 3)
+  assert len(client.seen) == 3
+  for batch in client.seen:
+    assert [t["patch"] for t in batch] == ["GOLD", ""]
+    assert all(set(t) == set(swe.SANDBOX_KEYS) for t in batch)   # no builder metadata on the wire
+
+
+async def test_bad_tasks_are_flagged():
+  (check,) = await validate_swe.check_tasks(Client(lambda t: True), [TASK], repeats=2)
+  assert not check.ok and check.empty_resolved == 2 and "empty patch resolved" in check.reasons
+  (check,) = await validate_swe.check_tasks(Client(lambda t: False), [TASK], repeats=1)
+  assert not check.ok and check.gold_resolved == 0 and "tests failed" in check.reasons[0]
+  with pytest.raises(ValueError, match="repeats must be >= 1"):
+    await validate_swe.check_tasks(Client(lambda t: True), [TASK], repeats=0)
