@@ -4,8 +4,9 @@
 
 Real parts: a tiny Qwen2 model made locally (`dockyard.models.tiny`), the JAX trainer
 (`JaxPolicy`), one in-process CPU vLLM engine with the in-process refit transport and its
-canary, and the math env (in-process verifier; the SWE task set and sandbox are not used here,
-so the score side is cheap). A warm-up sync step compiles the trainer first; then the sync run
+canary, and the math env (in-process verifier). The SWE env is not used: a randomly initialized
+tiny model never writes a parseable diff, so the SWE env would mark every completion malformed
+without calling the sandbox, and its score side would measure nothing. A warm-up sync step compiles the trainer first; then the sync run
 and the async run each start from the checkpoint's weights and take `--steps` optimizer steps.
 
 Prints each run's wall time and step times, then for async the ratio of its mean step time to
