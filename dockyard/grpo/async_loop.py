@@ -98,6 +98,7 @@ class CollectorStats:
   timeouts_score: int = 0
   generate_s: float = 0.0       # summed per-group latencies
   score_s: float = 0.0
+  engine_busy_s: float = 0.0    # wall time the in-process engine spent in batches
 
 
 class Collector:
@@ -243,6 +244,7 @@ class Collector:
       while self._queue:
         items, self._queue = self._queue, []
         items = [(r, f) for r, f in items if not f.done()]   # timed out while queued
+        t0 = time.perf_counter()
         try:
           outs = await asyncio.to_thread(self.generator.generate_many, [r for r, _ in items])
         except Exception as e:
@@ -250,6 +252,8 @@ class Collector:
             if not f.done():
               f.set_exception(e)
           continue
+        finally:
+          self.stats.engine_busy_s += time.perf_counter() - t0
         for (_, f), out in zip(items, outs):
           if not f.done():
             f.set_result(out[0])
@@ -380,6 +384,7 @@ def async_grpo_train(config, *, policy: Policy, generator: Generator, synchroniz
                       "async/resubmitted": float(s.resubmitted), "async/straddled_completions": float(s.straddled),
                       "async/timeouts_rollout": float(s.timeouts_rollout),
                       "async/timeouts_score": float(s.timeouts_score),
+                      "async/engine_busy_s": s.engine_busy_s, "async/score_busy_s": s.score_s,
                       "time/generate": s.generate_s / max(s.generated_groups, 1),   # per-group latency
                       "time/score": s.score_s / max(s.generated_groups, 1),
                       "perf/tokens_per_s": (s.generated_tokens - tokens_last) / max(now - t_last, 1e-9)})
