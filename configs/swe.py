@@ -210,6 +210,7 @@ def get_config(arg=None):
       train="data/swe/train.jsonl" if full else "data/swe/tiny/train.jsonl",
       validation="data/swe/tiny/train.jsonl" if not full else "data/swe/validation.jsonl",
       test="data/swe/test.jsonl",
+      manifest="data/swe/manifest.json",   # pinned sdists (sha256) the task repos are built from
       shuffle_seed=0,
       prompt_batching="grain",
   )

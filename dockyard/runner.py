@@ -58,7 +58,8 @@ def build_env(config, tokenizer, stack: contextlib.ExitStack) -> tuple[Any, list
     raise ValueError(f"config.data.train: no tasks at {config.data.train!r}")
   repos_dir = config.sandbox.repos_dir or None
   from dockyard.data import repos as repo_lib
-  repo_lib.ensure_repos_for(train + val + test, repos_dir)
+  # The sdists are fetched (hash-checked) and the task repos rebuilt once per machine.
+  repo_lib.ensure_repos(config.data.manifest, train + val + test, repos_dir)
   urls = list(config.env.code.sandbox_urls)
   if not urls:
     from dockyard.sandbox.fleet import start_local_fleet

@@ -5,7 +5,7 @@ a short SFT on the training split's gold answers gets it to the format and some 
 The environment supplies the target through `gold_completion(task)`. The loss is the NLL on the
 answer tokens + EOS (the prompt is context only), normalized per the micro-batching contract.
 
-The Policy seam has no learning-rate argument: when the policy offers `set_learning_rate(lr)`
+The Policy seam has no learning-rate argument: when the policy offers `set_lr(lr)`
 (None restores its schedule), the warm start runs at `sft_warmup.lr`; otherwise at the
 policy's own schedule, and it says so in the log.
 """
@@ -49,11 +49,11 @@ def sft_warmup(policy: Policy, env, tokenizer, tasks: Sequence[Mapping[str, Any]
   if not tasks:
     raise ValueError("SFT warm start: no training tasks")
   rng = np.random.default_rng(seed)
-  can_set_lr = hasattr(policy, "set_learning_rate")
+  can_set_lr = hasattr(policy, "set_lr")
   if can_set_lr:
-    policy.set_learning_rate(lr)
+    policy.set_lr(lr)
   else:
-    log.warning("%s has no set_learning_rate(); SFT warm start uses the policy's own schedule, "
+    log.warning("%s has no set_lr(); SFT warm start uses the policy's own schedule, "
                 "not grpo.sft_warmup.lr=%g", type(policy).__name__, lr)
   history = []
   try:
@@ -66,5 +66,5 @@ def sft_warmup(policy: Policy, env, tokenizer, tasks: Sequence[Mapping[str, Any]
         on_step(step, metrics)
   finally:
     if can_set_lr:
-      policy.set_learning_rate(None)
+      policy.set_lr(None)
   return history

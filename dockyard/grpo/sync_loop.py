@@ -212,20 +212,9 @@ def run_validation(generator: Generator, env, tokenizer, tasks: Sequence[Mapping
 
 
 def make_losses(config) -> tuple[LossFn, LossFn]:
-  """(clipped-PG loss, SFT NLL loss) for `config.policy.backend`."""
-  cfg = LossConfig.from_config(config)
-  backend = config.policy.backend
-  if backend == "jax":
-    from dockyard.grpo import loss_jax
-    return loss_jax.make_pg_loss(cfg), loss_jax.nll_loss
-  if backend == "torch":
-    try:
-      from dockyard.trainer_torch import loss as torch_loss
-    except ImportError as e:
-      raise NotImplementedError("config.policy.backend='torch': dockyard.trainer_torch.loss "
-                                "(make_pg_loss, nll_loss) is not built yet") from e
-    return torch_loss.make_pg_loss(cfg), torch_loss.nll_loss
-  raise ValueError(f"config.policy.backend must be 'jax' or 'torch', got {backend!r}")
+  """(clipped-PG loss, SFT NLL loss) in the array type of `config.policy.backend`."""
+  from dockyard import policy_factory
+  return policy_factory.make_loss(config, "pg"), policy_factory.make_loss(config, "nll")
 
 
 @contextlib.contextmanager

@@ -73,7 +73,7 @@ class BigramPolicy(Policy):
     metrics["grad_norm"] = float(optax.global_norm(grads))
     return metrics
 
-  def set_learning_rate(self, lr):
+  def set_lr(self, lr):
     self.lr_calls.append(lr)
     self.opt_state.hyperparams["learning_rate"] = jnp.asarray(self.base_lr if lr is None else lr)
 

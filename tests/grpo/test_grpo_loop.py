@@ -226,8 +226,9 @@ def test_make_losses_follows_the_backend():
   pg, nll = sync_loop.make_losses(config)
   assert nll is loss_jax.nll_loss and callable(pg)
   config.policy.backend = "torch"
-  with pytest.raises(NotImplementedError, match="trainer_torch"):
-    sync_loop.make_losses(config)
+  from dockyard.trainer_torch import loss as torch_loss
+  pg_t, nll_t = sync_loop.make_losses(config)
+  assert nll_t is torch_loss.nll_loss and callable(pg_t)
   assert LossConfig.from_config(config).max_completion_tokens == 6
 
 

@@ -1,0 +1,41 @@
+"""Builds the configured `Policy` and its losses: the one place that chooses a trainer backend.
+
+`config.policy.backend` is 'jax' (`dockyard.trainer_jax.policy.JaxPolicy`) or 'torch'
+(`dockyard.trainer_torch.policy.TorchPolicy`). Each is imported only when chosen, so a JAX run
+never imports torch's distributed stack and a torch run never imports JAX. A `LossFn` is written
+in the backend's array type, so the loops take it from here too (`make_loss`), never by name.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from dockyard.policy import LossFn, Policy
+
+BACKENDS = ("jax", "torch")
+
+
+def _backend(config: Any) -> str:
+  backend = config.policy.backend
+  if backend not in BACKENDS:
+    raise ValueError(f"config.policy.backend: must be 'jax' or 'torch', got {backend!r}")
+  return backend
+
+
+def make_policy(config: Any, model_path: str) -> Policy:
+  if _backend(config) == "jax":
+    from dockyard.trainer_jax.policy import JaxPolicy
+    return JaxPolicy.from_hf(model_path, config)
+  from dockyard.trainer_torch.policy import TorchPolicy
+  return TorchPolicy.from_hf(model_path, config)
+
+
+def make_loss(config: Any, kind: str = "pg") -> LossFn:
+  """'pg': the clipped-PG loss on `config.loss_fn` (+ rollout.max_new_tokens); 'nll': SFT."""
+  from dockyard.grpo.loss_spec import LossConfig
+  if kind not in ("pg", "nll"):
+    raise ValueError(f"loss kind must be 'pg' or 'nll', got {kind!r}")
+  if _backend(config) == "jax":
+    from dockyard.grpo import loss_jax as losses
+  else:
+    from dockyard.trainer_torch import loss as losses
+  return losses.make_pg_loss(LossConfig.from_config(config)) if kind == "pg" else losses.nll_loss

@@ -1,0 +1,150 @@
+"""The one place that knows HF parameter names: NNX parameter path <-> HF name + layout transform.
+
+One table per family (Qwen2 / Qwen3 / Llama share the decoder layout and differ in optional
+pieces: q/k/v bias, o bias, MLP bias, q/k norm, tied embeddings). Each `Entry` says how an HF
+tensor becomes the NNX array and back:
+
+  identity     same layout (embeddings, norms, o/mlp biases)
+  transpose    HF Linear [out, in]  <-> NNX kernel [in, out]           (MLP, lm_head)
+  heads_in     HF [heads*head_dim, embed] <-> NNX [embed, heads, head_dim]  (q/k/v proj)
+  heads_out    HF [embed, heads*head_dim] <-> NNX [heads, head_dim, embed]  (o proj)
+  heads_bias   HF [heads*head_dim] <-> NNX [heads, head_dim]          (q/k/v bias)
+
+`to_hf(named_nnx_arrays, config)` streams `(hf_name, np.ndarray)` in exactly the layout vLLM and
+transformers load (the rollout side feeds it to vLLM's `reload_weights`); `from_hf` is the
+inverse. NumPy only: no JAX import, so the rollout side can use it without a trainer.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable, Iterator, Mapping
+
+import numpy as np
+
+from dockyard.trainer_jax.model_config import ModelConfig
+
+TRANSFORMS = ("identity", "transpose", "heads_in", "heads_out", "heads_bias")
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+  nnx: str          # dotted NNX path, e.g. 'layers.0.attn.q_proj.kernel'
+  hf: str           # HF name, e.g. 'model.layers.0.self_attn.q_proj.weight'
+  transform: str    # one of TRANSFORMS
+  heads: int = 0    # for the heads_* transforms
+
+
+def _layer_entries(i: int, c: ModelConfig) -> list[Entry]:
+  n, h = f"layers.{i}", f"model.layers.{i}"
+  out = [
+      Entry(f"{n}.input_norm.scale", f"{h}.input_layernorm.weight", "identity"),
+      Entry(f"{n}.post_attn_norm.scale", f"{h}.post_attention_layernorm.weight", "identity"),
+      Entry(f"{n}.attn.q_proj.kernel", f"{h}.self_attn.q_proj.weight", "heads_in", c.num_heads),
+      Entry(f"{n}.attn.k_proj.kernel", f"{h}.self_attn.k_proj.weight", "heads_in", c.num_kv_heads),
+      Entry(f"{n}.attn.v_proj.kernel", f"{h}.self_attn.v_proj.weight", "heads_in", c.num_kv_heads),
+      Entry(f"{n}.attn.o_proj.kernel", f"{h}.self_attn.o_proj.weight", "heads_out", c.num_heads),
+      Entry(f"{n}.mlp.gate_proj.kernel", f"{h}.mlp.gate_proj.weight", "transpose"),
+      Entry(f"{n}.mlp.up_proj.kernel", f"{h}.mlp.up_proj.weight", "transpose"),
+      Entry(f"{n}.mlp.down_proj.kernel", f"{h}.mlp.down_proj.weight", "transpose"),
+  ]
+  if c.qkv_bias:
+    out += [
+        Entry(f"{n}.attn.q_proj.bias", f"{h}.self_attn.q_proj.bias", "heads_bias", c.num_heads),
+        Entry(f"{n}.attn.k_proj.bias", f"{h}.self_attn.k_proj.bias", "heads_bias", c.num_kv_heads),
+        Entry(f"{n}.attn.v_proj.bias", f"{h}.self_attn.v_proj.bias", "heads_bias", c.num_kv_heads),
+    ]
+  if c.o_bias:
+    out.append(Entry(f"{n}.attn.o_proj.bias", f"{h}.self_attn.o_proj.bias", "identity"))
+  if c.mlp_bias:
+    out += [Entry(f"{n}.mlp.{p}.bias", f"{h}.mlp.{p}.bias", "identity")
+            for p in ("gate_proj", "up_proj", "down_proj")]
+  if c.qk_norm:
+    out += [
+        Entry(f"{n}.attn.q_norm.scale", f"{h}.self_attn.q_norm.weight", "identity"),
+        Entry(f"{n}.attn.k_norm.scale", f"{h}.self_attn.k_norm.weight", "identity"),
+    ]
+  return out
+
+
+def table(config: ModelConfig) -> list[Entry]:
+  """The full name table of one model, in HF's parameter order (embeddings, layers, norm, head)."""
+  if config.family not in ("qwen2", "qwen3", "llama"):
+    raise ValueError(f"no name-map table for family {config.family!r}")
+  entries = [Entry("embed.embedding", "model.embed_tokens.weight", "identity")]
+  for i in range(config.num_layers):
+    entries += _layer_entries(i, config)
+  entries.append(Entry("final_norm.scale", "model.norm.weight", "identity"))
+  if not config.tie_word_embeddings:
+    entries.append(Entry("lm_head.kernel", "lm_head.weight", "transpose"))
+  return entries
+
+
+def hf_to_nnx_array(entry: Entry, x: np.ndarray) -> np.ndarray:
+  t = entry.transform
+  if t == "identity":
+    return x
+  if t == "transpose":
+    return x.T
+  if t == "heads_in":
+    return x.T.reshape(x.shape[1], entry.heads, x.shape[0] // entry.heads)
+  if t == "heads_out":
+    return x.T.reshape(entry.heads, x.shape[1] // entry.heads, x.shape[0])
+  if t == "heads_bias":
+    return x.reshape(entry.heads, x.shape[0] // entry.heads)
+  raise ValueError(f"unknown transform {t!r} for {entry.hf}")
+
+
+def nnx_to_hf_array(entry: Entry, x: np.ndarray) -> np.ndarray:
+  t = entry.transform
+  if t == "identity":
+    out = x
+  elif t == "transpose":
+    out = x.T
+  elif t == "heads_in":   # [E, H, D] -> [H*D, E]
+    out = x.reshape(x.shape[0], -1).T
+  elif t == "heads_out":  # [H, D, E] -> [E, H*D]
+    out = x.reshape(-1, x.shape[-1]).T
+  elif t == "heads_bias":
+    out = x.reshape(-1)
+  else:
+    raise ValueError(f"unknown transform {t!r} for {entry.nnx}")
+  return np.ascontiguousarray(out)  # safetensors and torch.from_numpy need C order
+
+
+def to_hf(named: Mapping[str, np.ndarray] | Iterable[tuple[str, np.ndarray]],
+          config: ModelConfig) -> Iterator[tuple[str, np.ndarray]]:
+  """Streams (hf_name, array) in HF / vLLM layout from NNX (path, array) pairs.
+
+  Every table entry must be present and nothing else: a missing or unknown NNX path is an error
+  (a silently skipped weight would leave vLLM serving stale values).
+  """
+  named = dict(named)
+  entries = table(config)
+  known = {e.nnx for e in entries}
+  unknown = sorted(set(named) - known)
+  if unknown:
+    raise KeyError(f"NNX parameters with no HF name in the {config.family} table: {unknown[:5]}")
+  for e in entries:
+    if e.nnx not in named:
+      raise KeyError(f"NNX parameter {e.nnx!r} (HF {e.hf!r}) is missing")
+    yield e.hf, nnx_to_hf_array(e, np.asarray(named[e.nnx]))
+
+
+def from_hf(hf_tensors: Mapping[str, np.ndarray], config: ModelConfig) -> dict[str, np.ndarray]:
+  """Maps an HF state dict (name -> array) to NNX paths; missing HF tensors are an error.
+
+  An `lm_head.weight` in a tied checkpoint is ignored (some exporters write it anyway).
+  """
+  out = {}
+  entries = table(config)
+  missing = [e.hf for e in entries if e.hf not in hf_tensors]
+  if missing:
+    raise KeyError(f"checkpoint lacks {len(missing)} tensors the {config.family} model needs, "
+                   f"e.g. {missing[:3]}")
+  known = {e.hf for e in entries} | {"lm_head.weight"}
+  extra = sorted(n for n in hf_tensors if n not in known and "rotary_emb" not in n)
+  if extra:
+    raise KeyError(f"checkpoint has tensors the {config.family} model does not use: {extra[:5]}")
+  for e in entries:
+    out[e.nnx] = hf_to_nnx_array(e, np.asarray(hf_tensors[e.hf]))
+  return out

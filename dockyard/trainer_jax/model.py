@@ -1,0 +1,187 @@
+"""The Flax NNX decoder for the Qwen2 / Qwen3 / Llama family.
+
+RMSNorm, RoPE (default / linear / llama3 scaling), grouped-query attention, SwiGLU, Qwen2's q/k/v
+bias, Qwen3's q/k norm, tied or untied embeddings; all chosen by `ModelConfig`. Parameters carry
+logical axis names only ('vocab', 'embed', 'mlp', 'heads'); the mesh and the rules that map them
+to devices are applied at the edge (`dockyard.trainer_jax.sharding`). The parameter paths here
+are the left column of `dockyard.refit.name_map`.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from dockyard.trainer_jax.model_config import ModelConfig
+
+_INIT = nnx.initializers.normal(0.02)
+
+
+def _param(rngs: nnx.Rngs, shape, axes, dtype, init=_INIT) -> nnx.Param:
+  return nnx.Param(nnx.with_partitioning(init, axes)(rngs.params(), shape, dtype))
+
+
+class RMSNorm(nnx.Module):
+  def __init__(self, dim: int, eps: float, *, param_dtype, rngs: nnx.Rngs):
+    # Norm scales are tiny: replicate them rather than pay a gather per layer.
+    self.scale = _param(rngs, (dim,), (None,), param_dtype, nnx.initializers.ones_init())
+    self.eps = eps
+
+  def __call__(self, x):
+    dtype = x.dtype
+    x = x.astype(jnp.float32)  # statistics in fp32, as transformers does
+    x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps)
+    return self.scale.astype(dtype) * x.astype(dtype)
+
+
+class HeadsProj(nnx.Module):
+  """x [..., embed] -> [..., heads, head_dim]; kernel [embed, heads, head_dim]."""
+
+  def __init__(self, embed, heads, head_dim, bias, *, dtype, param_dtype, rngs):
+    self.kernel = _param(rngs, (embed, heads, head_dim), ("embed", "heads", None), param_dtype)
+    self.bias = (_param(rngs, (heads, head_dim), ("heads", None), param_dtype, nnx.initializers.zeros_init())
+                 if bias else None)
+    self.dtype = dtype
+
+  def __call__(self, x):
+    y = jnp.einsum("bte,ehd->bthd", x, self.kernel.astype(self.dtype))
+    return y + self.bias.astype(self.dtype) if self.bias is not None else y
+
+
+class OutProj(nnx.Module):
+  """[..., heads, head_dim] -> [..., embed]; kernel [heads, head_dim, embed]."""
+
+  def __init__(self, heads, head_dim, embed, bias, *, dtype, param_dtype, rngs):
+    self.kernel = _param(rngs, (heads, head_dim, embed), ("heads", None, "embed"), param_dtype)
+    self.bias = _param(rngs, (embed,), (None,), param_dtype, nnx.initializers.zeros_init()) if bias else None
+    self.dtype = dtype
+
+  def __call__(self, x):
+    y = jnp.einsum("bthd,hde->bte", x, self.kernel.astype(self.dtype))
+    return y + self.bias.astype(self.dtype) if self.bias is not None else y
+
+
+class Dense(nnx.Module):
+  def __init__(self, din, dout, axes, bias, *, dtype, param_dtype, rngs):
+    self.kernel = _param(rngs, (din, dout), axes, param_dtype)
+    self.bias = _param(rngs, (dout,), (axes[1],), param_dtype, nnx.initializers.zeros_init()) if bias else None
+    self.dtype = dtype
+
+  def __call__(self, x):
+    y = x @ self.kernel.astype(self.dtype)
+    return y + self.bias.astype(self.dtype) if self.bias is not None else y
+
+
+def rope_cos_sin(positions, inv_freq):
+  """cos/sin [B, T, head_dim] for positions [B, T] (fp32, HF's rotate-half layout)."""
+  freqs = positions[..., None].astype(jnp.float32) * inv_freq[None, None, :]
+  emb = jnp.concatenate([freqs, freqs], axis=-1)
+  return jnp.cos(emb), jnp.sin(emb)
+
+
+def apply_rope(x, cos, sin):
+  """x [B, T, H, D]; rotate-half RoPE as in transformers' Llama/Qwen."""
+  half = x.shape[-1] // 2
+  rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+  cos, sin = cos[:, :, None, :].astype(x.dtype), sin[:, :, None, :].astype(x.dtype)
+  return x * cos + rotated * sin
+
+
+class Attention(nnx.Module):
+  def __init__(self, c: ModelConfig, *, dtype, param_dtype, rngs):
+    kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    self.q_proj = HeadsProj(c.hidden_size, c.num_heads, c.head_dim, c.qkv_bias, **kw)
+    self.k_proj = HeadsProj(c.hidden_size, c.num_kv_heads, c.head_dim, c.qkv_bias, **kw)
+    self.v_proj = HeadsProj(c.hidden_size, c.num_kv_heads, c.head_dim, c.qkv_bias, **kw)
+    self.o_proj = OutProj(c.num_heads, c.head_dim, c.hidden_size, c.o_bias, **kw)
+    if c.qk_norm:
+      self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, param_dtype=param_dtype, rngs=rngs)
+      self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, param_dtype=param_dtype, rngs=rngs)
+    else:
+      self.q_norm = self.k_norm = None
+    self.num_kv_heads, self.head_dim = c.num_kv_heads, c.head_dim
+
+  def __call__(self, x, cos, sin, lengths):
+    q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+    if self.q_norm is not None:  # Qwen3 normalizes per head before RoPE
+      q, k = self.q_norm(q), self.k_norm(k)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    # Causal + per-row key lengths (right padding) instead of a materialised [B, T, T] mask:
+    # the form cuDNN's fused attention accepts on GPU; on CPU this is XLA's reference kernel.
+    out = jax.nn.dot_product_attention(q, k, v, is_causal=True, key_value_seq_lengths=lengths)
+    return self.o_proj(out)
+
+
+class MLP(nnx.Module):
+  def __init__(self, c: ModelConfig, *, dtype, param_dtype, rngs):
+    kw = dict(bias=c.mlp_bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    self.gate_proj = Dense(c.hidden_size, c.intermediate_size, ("embed", "mlp"), **kw)
+    self.up_proj = Dense(c.hidden_size, c.intermediate_size, ("embed", "mlp"), **kw)
+    self.down_proj = Dense(c.intermediate_size, c.hidden_size, ("mlp", "embed"), **kw)
+
+  def __call__(self, x):
+    return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nnx.Module):
+  def __init__(self, c: ModelConfig, *, dtype, param_dtype, rngs):
+    self.input_norm = RMSNorm(c.hidden_size, c.rms_norm_eps, param_dtype=param_dtype, rngs=rngs)
+    self.attn = Attention(c, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    self.post_attn_norm = RMSNorm(c.hidden_size, c.rms_norm_eps, param_dtype=param_dtype, rngs=rngs)
+    self.mlp = MLP(c, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+
+  def __call__(self, x, cos, sin, lengths):
+    x = x + self.attn(self.input_norm(x), cos, sin, lengths)
+    return x + self.mlp(self.post_attn_norm(x))
+
+
+class Decoder(nnx.Module):
+  """Causal LM: token ids [B, T] -> fp32 logits [B, T, vocab].
+
+  `attention_mask` must be right padding (ones, then zeros), as `dockyard.policy.TrainBatch` is.
+  """
+
+  def __init__(self, c: ModelConfig, *, dtype=jnp.float32, param_dtype=jnp.float32, remat: bool = False,
+               rngs: nnx.Rngs):
+    self.config = c
+    self.dtype = dtype
+    self.remat = remat
+    self.embed = nnx.Embed(c.vocab_size, c.hidden_size, dtype=dtype, param_dtype=param_dtype,
+                           embedding_init=nnx.with_partitioning(_INIT, ("vocab", "embed")), rngs=rngs)
+    self.layers = nnx.List([DecoderLayer(c, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+                            for _ in range(c.num_layers)])
+    self.final_norm = RMSNorm(c.hidden_size, c.rms_norm_eps, param_dtype=param_dtype, rngs=rngs)
+    self.lm_head = (None if c.tie_word_embeddings else
+                    Dense(c.hidden_size, c.vocab_size, ("embed", "vocab"), False, dtype=dtype,
+                          param_dtype=param_dtype, rngs=rngs))
+    self.inv_freq = nnx.Variable(jnp.asarray(c.inv_freq()))  # a constant, not a Param: never trained
+
+  def __call__(self, input_ids, attention_mask=None, positions=None):
+    b, t = input_ids.shape
+    if positions is None:  # right padding: real tokens sit at 0..len-1
+      positions = jnp.broadcast_to(jnp.arange(t)[None, :], (b, t))
+    if attention_mask is None:
+      attention_mask = jnp.ones((b, t), jnp.int32)
+    lengths = attention_mask.astype(jnp.int32).sum(axis=-1)
+    cos, sin = rope_cos_sin(positions, self.inv_freq[...])
+    x = self.embed(input_ids)
+
+    def layer_fn(layer, x):
+      return layer(x, cos, sin, lengths)
+    if self.remat:  # recompute each layer's activations in the backward pass to save memory
+      layer_fn = nnx.remat(layer_fn)
+    for layer in self.layers:
+      x = layer_fn(layer, x)
+    x = self.final_norm(x)
+    if self.lm_head is None:
+      logits = x @ self.embed.embedding[...].astype(self.dtype).T
+    else:
+      logits = self.lm_head(x)
+    return logits.astype(jnp.float32)
+
+
+def token_logprobs(logits, input_ids):
+  """Per-token logprobs [B, T]: entry t = log p(x_t | x_<t) from logits[t-1]; entry 0 = 0."""
+  logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
+  picked = jnp.take_along_axis(logp, input_ids[:, 1:, None], axis=-1)[..., 0]
+  return jnp.concatenate([jnp.zeros_like(picked[:, :1]), picked], axis=1)

@@ -1,0 +1,125 @@
+"""The decoder's architecture as a dataclass, read from an HF `config.json` (Qwen2 / Qwen3 / Llama).
+
+Pure Python (no JAX import) so that the refit name-map and the rollout side can use it too. Every
+knob the decoder and the name-map need lives here; anything in config.json that would change the
+math but is not implemented (sliding windows, unknown RoPE types, other activations) is refused
+with an error that names the key, instead of silently producing a different model.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from typing import Any, Mapping
+
+import numpy as np
+
+# model_type -> family. The families differ only in which optional pieces they use.
+FAMILIES = {"qwen2": "qwen2", "qwen3": "qwen3", "llama": "llama"}
+ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  family: str
+  vocab_size: int
+  hidden_size: int
+  intermediate_size: int
+  num_layers: int
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  rms_norm_eps: float
+  rope_theta: float
+  rope_type: str = "default"
+  rope_factor: float = 1.0
+  rope_low_freq_factor: float = 1.0
+  rope_high_freq_factor: float = 4.0
+  rope_original_max_positions: int = 8192
+  tie_word_embeddings: bool = False
+  qkv_bias: bool = False       # Qwen2 always; Llama / Qwen3 when attention_bias
+  o_bias: bool = False         # Llama / Qwen3 when attention_bias
+  mlp_bias: bool = False       # Llama when mlp_bias
+  qk_norm: bool = False        # Qwen3
+  max_position_embeddings: int = 4096
+
+  @classmethod
+  def from_hf_config(cls, hf: Mapping[str, Any]) -> "ModelConfig":
+    """Builds from a parsed config.json (transformers 4 `rope_scaling` or 5 `rope_parameters`)."""
+    model_type = hf.get("model_type")
+    if model_type not in FAMILIES:
+      raise ValueError(f"config.json model_type={model_type!r} is not supported; supported: {sorted(FAMILIES)}")
+    family = FAMILIES[model_type]
+    act = hf.get("hidden_act", "silu")
+    if act != "silu":
+      raise ValueError(f"config.json hidden_act={act!r}: only 'silu' (SwiGLU) is implemented")
+    if hf.get("use_sliding_window"):
+      raise ValueError("config.json use_sliding_window=True: sliding-window attention is not implemented")
+    heads = int(hf["num_attention_heads"])
+    head_dim = int(hf.get("head_dim") or hf["hidden_size"] // heads)
+    rope = dict(hf.get("rope_parameters") or {})
+    legacy = hf.get("rope_scaling") or {}
+    rope = {**legacy, **rope}
+    theta = float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    rope_type = rope.get("rope_type", rope.get("type", "default")) or "default"
+    if rope_type not in ROPE_TYPES:
+      raise ValueError(f"config.json rope type {rope_type!r} is not implemented; supported: {ROPE_TYPES}")
+    if float(rope.get("partial_rotary_factor", 1.0)) != 1.0:
+      raise ValueError("config.json partial_rotary_factor != 1 is not implemented")
+    attention_bias = bool(hf.get("attention_bias", False))
+    return cls(
+        family=family,
+        vocab_size=int(hf["vocab_size"]),
+        hidden_size=int(hf["hidden_size"]),
+        intermediate_size=int(hf["intermediate_size"]),
+        num_layers=int(hf["num_hidden_layers"]),
+        num_heads=heads,
+        num_kv_heads=int(hf.get("num_key_value_heads") or heads),
+        head_dim=head_dim,
+        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        rope_theta=theta,
+        rope_type=rope_type,
+        rope_factor=float(rope.get("factor", 1.0)),
+        rope_low_freq_factor=float(rope.get("low_freq_factor", 1.0)),
+        rope_high_freq_factor=float(rope.get("high_freq_factor", 4.0)),
+        rope_original_max_positions=int(rope.get("original_max_position_embeddings", 8192)),
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        qkv_bias=True if family == "qwen2" else attention_bias,
+        o_bias=False if family == "qwen2" else attention_bias,
+        mlp_bias=bool(hf.get("mlp_bias", False)) if family == "llama" else False,
+        qk_norm=family == "qwen3",
+        max_position_embeddings=int(hf.get("max_position_embeddings", 4096)),
+    )
+
+  @classmethod
+  def from_pretrained(cls, path: str) -> "ModelConfig":
+    cfg_path = os.path.join(path, "config.json")
+    if not os.path.exists(cfg_path):
+      raise FileNotFoundError(f"{path!r} is not an HF checkpoint directory: no config.json")
+    with open(cfg_path) as f:
+      return cls.from_hf_config(json.load(f))
+
+  def inv_freq(self) -> np.ndarray:
+    """RoPE inverse frequencies [head_dim/2] in float32, as transformers computes them."""
+    d = self.head_dim
+    inv = (1.0 / (self.rope_theta ** (np.arange(0, d, 2, dtype=np.int64).astype(np.float32) / d))).astype(np.float32)
+    if self.rope_type == "linear":
+      inv = inv / np.float32(self.rope_factor)
+    elif self.rope_type == "llama3":
+      factor, lo, hi = self.rope_factor, self.rope_low_freq_factor, self.rope_high_freq_factor
+      old = self.rope_original_max_positions
+      low_wavelen, high_wavelen = old / lo, old / hi
+      wavelen = 2 * math.pi / inv
+      scaled = np.where(wavelen > low_wavelen, inv / factor, inv)
+      smooth = (old / wavelen - lo) / (hi - lo)
+      smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+      medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+      inv = np.where(medium, smoothed, scaled)
+    return inv.astype(np.float32)
+
+  def num_params(self) -> int:
+    e, f, v = self.hidden_size, self.intermediate_size, self.vocab_size
+    q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+    layer = e * (q + 2 * kv) + q * e + 3 * e * f + 2 * e
+    return v * e * (1 if self.tie_word_embeddings else 2) + self.num_layers * layer + e

@@ -1,0 +1,184 @@
+"""`JaxPolicy`: the `Policy` seam implemented with the NNX decoder on a device mesh.
+
+Host side of the trainer: takes NumPy `TrainBatch`es, pads them to length buckets (multiples of
+`bucket`, so the jit cache is hit step after step) and to whole micro-batches, stacks them as
+[n_micro, micro_bs, T] with the batch dimension sharded over the 'batch' rule's mesh axes, and
+calls the jitted `train_step`. Weights leave through the refit name-map in HF layout.
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Iterator, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dockyard.policy import LossFn, Policy, TrainBatch
+from dockyard.refit import name_map
+from dockyard.trainer_jax import hf_io, train
+from dockyard.trainer_jax import sharding as shd
+from dockyard.trainer_jax.checkpoint import Checkpointer
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def _dtype(name: str, key: str):
+  if name not in DTYPES:
+    raise ValueError(f"config.{key}={name!r}: expected one of {sorted(DTYPES)}")
+  return DTYPES[name]
+
+
+def _get(config, path: str, default):
+  node = config
+  for part in path.split("."):
+    if node is None or part not in node:
+      return default
+    node = node[part]
+  return node
+
+
+class JaxPolicy(Policy):
+  def __init__(self, model, optimizer, mesh, rules, optim: Mapping[str, Any], total_steps: int,
+               *, micro_batch_size: int, bucket: int = 64, source_dir: str | None = None,
+               checkpoint_config=None):
+    self.model, self.optimizer, self.mesh, self.rules = model, optimizer, mesh, tuple(rules)
+    self.optim, self.total_steps = dict(optim), int(total_steps)
+    self.micro_batch_size, self.bucket, self.source_dir = int(micro_batch_size), int(bucket), source_dir
+    batch_axes = shd.batch_axis_size(mesh, self.rules)
+    if self.micro_batch_size % batch_axes:
+      raise ValueError(f"config.optim.micro_batch_size={self.micro_batch_size} must be a multiple of "
+                       f"the mesh's batch axes size ({batch_axes}), which split each micro-batch")
+    self.checkpoint_config = checkpoint_config  # config.checkpoint: best-k retention for `save`
+    self._checkpointers: dict[str, Checkpointer] = {}
+
+  @classmethod
+  def from_hf(cls, path: str, config, mesh=None, devices=None) -> "JaxPolicy":
+    """Builds from an HF directory with `config` (the experiment ConfigDict: policy/mesh/optim)."""
+    if mesh is None:
+      if devices is None and jax.default_backend() == "cpu":
+        # As `dockyard.validate` counts them: a CPU trainer has `cluster.cpu_devices` devices.
+        n = int(_get(config, "cluster.cpu_devices", 0)) or jax.device_count()
+        if n > jax.device_count():
+          raise ValueError(f"config.cluster.cpu_devices={n}, but JAX has {jax.device_count()} CPU devices "
+                           f"(XLA_FLAGS=--xla_force_host_platform_device_count={n} before JAX starts)")
+        devices = jax.devices()[:n]
+      mesh = shd.make_mesh(tuple(config.mesh.shape), tuple(config.mesh.axes), devices)
+    rules = tuple((name, tuple(t) if isinstance(t, list) else t) for name, t in config.mesh.rules)
+    dtype = _dtype(config.policy.dtype, "policy.dtype")
+    param_dtype = _dtype(config.policy.param_dtype, "policy.param_dtype")
+    model = hf_io.from_hf(path, mesh, rules, dtype=dtype, param_dtype=param_dtype,
+                          remat=bool(config.policy.remat))
+    total = int(_get(config, "grpo.max_num_steps", 0)) or int(config.optim.decay_steps)
+    optimizer = train.make_optimizer(model, config.optim, total, mesh)
+    return cls(model, optimizer, mesh, rules, config.optim, total,
+               micro_batch_size=int(config.optim.micro_batch_size),
+               bucket=int(_get(config, "policy.seq_bucket", 64)), source_dir=path,
+               checkpoint_config=_get(config, "checkpoint", None))
+
+  # --- batches -------------------------------------------------------------------------------
+
+  def _padded_len(self, t: int) -> int:
+    return max(self.bucket, int(math.ceil(t / self.bucket)) * self.bucket)
+
+  def _stack(self, batch: TrainBatch) -> tuple[dict, int]:
+    """Pads [B, T] to [n*mb, T'] and reshapes to [n, mb, T'], sharded on the batch dim."""
+    for name in ("attention_mask", "loss_mask"):
+      if getattr(batch, name).shape != batch.input_ids.shape:
+        raise ValueError(f"TrainBatch.{name} shape {getattr(batch, name).shape} != input_ids "
+                         f"shape {batch.input_ids.shape}")
+    b, t = batch.input_ids.shape
+    mb = self.micro_batch_size
+    n = max(1, math.ceil(b / mb))
+    rows, cols = n * mb - b, self._padded_len(t) - t
+
+    def pad(x):
+      x = np.asarray(x)
+      if x.ndim == 0:
+        raise ValueError("per-sequence extras must have a batch dimension")
+      if x.shape[0] != b:
+        raise ValueError(f"an extras array has batch dimension {x.shape[0]}, expected {b}")
+      widths = [(0, rows)] + [(0, cols if (d == 1 and x.shape[1] == t) else 0) for d in range(1, x.ndim)]
+      x = np.pad(x, widths)
+      return x.reshape((n, mb) + x.shape[1:])
+
+    def put(x):
+      return jax.device_put(x, shd.batch_sharding(self.mesh, self.rules, x.ndim, batch_dim=1))
+    out = dict(
+        input_ids=put(pad(batch.input_ids).astype(np.int32)),
+        attention_mask=put(pad(batch.attention_mask).astype(np.int32)),
+        loss_mask=put(pad(batch.loss_mask).astype(np.float32)),
+        extras={k: put(pad(v)) for k, v in batch.extras.items()},
+    )
+    return out, b
+
+  # --- Policy --------------------------------------------------------------------------------
+
+  def logprobs(self, batch: TrainBatch) -> np.ndarray:
+    stacked, b = self._stack(batch)
+    t = batch.input_ids.shape[1]
+    outs = [train.logprob_step(self.model, stacked["input_ids"][i], stacked["attention_mask"][i])
+            for i in range(stacked["input_ids"].shape[0])]
+    out = np.concatenate([np.asarray(jax.device_get(o)) for o in outs])[:b, :t]
+    return out * np.asarray(batch.attention_mask, out.dtype)  # padding positions report 0
+
+  def train_step(self, batch: TrainBatch, loss_fn: LossFn) -> dict[str, float]:
+    """One step; `loss_fn` is a jit static argument: pass the same callable each step."""
+    stacked, _ = self._stack(batch)
+    loss_mask = np.asarray(batch.loss_mask, np.float32)
+    replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+    stacked["totals"] = jax.device_put(dict(
+        total_tokens=np.float32(loss_mask.sum()),
+        total_sequences=np.float32((loss_mask.sum(axis=1) > 0).sum())), replicated)
+    lr = train.current_lr(self.optimizer, self.optim, self.total_steps)
+    metrics = train.train_step(self.model, self.optimizer, stacked, loss_fn)
+    out = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    out["lr"] = lr
+    return out
+
+  def named_weights(self) -> Iterator[tuple[str, np.ndarray]]:
+    # Device arrays go in; the name-map gathers one tensor at a time as it yields, so the host
+    # never holds a second full copy of the model.
+    yield from name_map.to_hf(hf_io.named_params(self.model), self.model.config)
+
+  def save_hf(self, path: str, **kw) -> None:
+    hf_io.save_hf(self.model, path, self.source_dir, **kw)
+
+  def checkpointer(self, directory: str) -> Checkpointer:
+    """The (cached) manager of `directory`: the newest checkpoint, plus the best
+    `checkpoint.keep_top_k` by `checkpoint.metric` among saves that pass metrics."""
+    key = os.path.abspath(directory)
+    if key not in self._checkpointers:
+      c = self.checkpoint_config
+      kw = {} if c is None else dict(keep_top_k=int(c.keep_top_k), metric=c.metric,
+                                     metric_mode=c.metric_mode)
+      self._checkpointers[key] = Checkpointer(directory, **kw)
+    return self._checkpointers[key]
+
+  def save(self, directory: str, *, data_iter=None, metrics=None) -> None:
+    """Saves weights, optimizer, step (+ the grain iterator). `metrics`, when given, must hold
+    `checkpoint.metric`: it ranks this checkpoint for best-k retention."""
+    self.checkpointer(directory).save(self.step, self.model, self.optimizer, data_iter=data_iter,
+                                      metrics=metrics)
+
+  def restore(self, directory: str, *, data_iter=None, step: int | None = None) -> dict:
+    """Restores the newest checkpoint (or `step`) in place; returns its bookkeeping JSON."""
+    return self.checkpointer(directory).restore(self.model, self.optimizer, step=step, data_iter=data_iter)
+
+  @property
+  def step(self) -> int:
+    return int(self.optimizer.step[...])
+
+  def set_lr(self, lr: float | None) -> None:
+    """A constant learning rate (e.g. the SFT warm start's); None returns to the schedule."""
+    if lr is not None and not (lr >= 0 and math.isfinite(lr)):
+      raise ValueError(f"learning rate must be a finite number >= 0, got {lr}")
+    train.set_lr_override(self.optimizer, lr)
+
+
+def masked_nll(logprobs, loss_mask, extras):
+  """Token-mean NLL over the whole batch (LossFn contract: normalise by `total_tokens`)."""
+  total = jnp.maximum(extras["total_tokens"], 1.0)
+  nll = -(logprobs * loss_mask).sum() / total
+  return nll, {"nll": nll, "num_tokens": loss_mask.sum()}

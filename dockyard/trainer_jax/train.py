@@ -1,0 +1,120 @@
+"""The optimizer and the jitted train / logprob steps (free functions, as in Flax's examples).
+
+`train_step(model, optimizer, batch, loss_fn)` splits nothing itself: `batch` arrives already
+stacked as micro-batches [n_micro, micro_bs, T] (the policy does this on the host, so each micro-
+batch keeps the batch sharding), a `lax.scan` sums loss, gradients and metrics over them per the
+LossFn contract in `dockyard/policy.py`, then one AdamW update applies. Model and optimizer are
+donated: their old buffers are reused for the new state.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from dockyard.trainer_jax.model import Decoder, token_logprobs
+
+
+def lr_schedule(optim: Mapping[str, Any], total_steps: int) -> optax.Schedule:
+  """Linear warmup from 0 to `lr`, then cosine decay to `lr * end_lr_factor`."""
+  decay = int(optim["decay_steps"]) or int(total_steps)
+  warmup = int(optim["warmup_steps"])
+  if decay <= warmup:
+    raise ValueError(f"optim.decay_steps ({decay}; 0 means the run's step count) must exceed "
+                     f"optim.warmup_steps ({warmup})")
+  return optax.warmup_cosine_decay_schedule(
+      init_value=0.0, peak_value=float(optim["lr"]), warmup_steps=warmup, decay_steps=decay,
+      end_value=float(optim["lr"]) * float(optim["end_lr_factor"]))
+
+
+def make_tx(optim: Mapping[str, Any], total_steps: int) -> optax.GradientTransformation:
+  """Global-norm clipping + AdamW on the schedule. `lr_override` >= 0 replaces the schedule
+  (the SFT warm start runs at its own constant rate); it lives in the optimizer state, so
+  changing it neither recompiles nor loses Adam's moments."""
+  schedule = lr_schedule(optim, total_steps)
+
+  def build(lr_override):
+    def lr(count):
+      return jnp.where(lr_override >= 0, lr_override, schedule(count))
+    return optax.chain(
+        optax.clip_by_global_norm(float(optim["max_grad_norm"])),
+        optax.adamw(lr, b1=float(optim["b1"]), b2=float(optim["b2"]), eps=float(optim["eps"]),
+                    weight_decay=float(optim["weight_decay"])),
+    )
+  return optax.inject_hyperparams(build)(lr_override=-1.0)
+
+
+def make_optimizer(model: Decoder, optim: Mapping[str, Any], total_steps: int, mesh=None) -> nnx.Optimizer:
+  """AdamW state beside the model; moments inherit the parameters' shardings, and scalars (step,
+  count, lr override) are replicated onto `mesh` so that every step sees the same input types
+  (an uncommitted scalar on the first call would otherwise cost a second compile)."""
+  optimizer = nnx.Optimizer(model, make_tx(optim, total_steps), wrt=nnx.Param)
+  if mesh is not None:
+    replicated = NamedSharding(mesh, P())
+    state = nnx.state(optimizer)
+    state = jax.tree.map(
+        lambda x: x if isinstance(x.sharding, NamedSharding) and x.sharding.mesh == mesh
+        else jax.device_put(x, replicated), state)
+    nnx.update(optimizer, state)
+  return optimizer
+
+
+def current_lr(optimizer: nnx.Optimizer, optim: Mapping[str, Any], total_steps: int) -> float:
+  override = float(optimizer.opt_state.hyperparams["lr_override"][...])
+  if override >= 0:
+    return override
+  return float(lr_schedule(optim, total_steps)(int(optimizer.step[...])))
+
+
+def set_lr_override(optimizer: nnx.Optimizer, lr: float | None) -> None:
+  var = optimizer.opt_state.hyperparams["lr_override"]
+  old = var.get_value()
+  # Same dtype and placement as before, so the jitted step sees an identical input type.
+  var.set_value(jax.device_put(np.asarray(-1.0 if lr is None else float(lr), old.dtype), old.sharding))
+
+
+def _tree_add(a, b):
+  return jax.tree.map(jnp.add, a, b)
+
+
+@functools.partial(nnx.jit, static_argnames=("loss_fn",), donate_argnums=(0, 1))
+def train_step(model: Decoder, optimizer: nnx.Optimizer, batch: Mapping[str, Any], loss_fn):
+  """One optimizer step over stacked micro-batches; returns summed loss/metrics + grad_norm.
+
+  batch: input_ids / attention_mask / loss_mask [n, mb, T]; extras: name -> [n, mb, ...];
+  totals: {'total_tokens', 'total_sequences'} scalars added to every micro-batch's extras.
+  """
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+  def micro_loss(params, mb):
+    m = nnx.merge(graphdef, params, rest)
+    logits = m(mb["input_ids"], mb["attention_mask"])
+    logprobs = token_logprobs(logits, mb["input_ids"])
+    extras = {**mb["extras"], **batch["totals"]}
+    loss, metrics = loss_fn(logprobs, mb["loss_mask"], extras)
+    return loss, dict(metrics)
+
+  grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+  micro = {k: batch[k] for k in ("input_ids", "attention_mask", "loss_mask", "extras")}
+  first = jax.tree.map(lambda x: x[0], micro)
+  out_shape = jax.eval_shape(grad_fn, params, first)
+  zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), out_shape)
+
+  def body(acc, mb):
+    return _tree_add(acc, grad_fn(params, mb)), None
+
+  ((loss, metrics), grads), _ = jax.lax.scan(body, zeros, micro)
+  grad_norm = optax.global_norm(grads)
+  optimizer.update(model, grads)
+  return {**metrics, "loss": loss, "grad_norm": grad_norm}
+
+
+@nnx.jit
+def logprob_step(model: Decoder, input_ids, attention_mask):
+  return token_logprobs(model(input_ids, attention_mask), input_ids)

@@ -1,0 +1,125 @@
+"""Training checkpoints with torch distributed checkpoint (DCP), laid out like the JAX trainer's.
+
+`Checkpointer(directory)` keeps one sub-directory per step (`directory/<step>/`, as orbax's
+`CheckpointManager` does), so the loops drive both backends the same way. Each holds the DCP
+shards of `{"model", "optim"}` from `get_state_dict` (sharded DTensors: every rank writes its own
+shards in parallel; `dcp.load` reads them back in place and reshards if the world size changed),
+`meta.json` (step, metrics, the LR override) and, when given, the data iterator's state.
+Retention: the newest `keep_latest` plus the best `keep_top_k` by `metric` (max|min), as on the
+JAX side. A step directory is written under a temporary name and renamed when complete.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Any, Mapping
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+META, DATA_JSON, DATA_BIN = "meta.json", "data_state.json", "data_state.bin"
+
+
+def _rank() -> int:
+  return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+  if dist.is_initialized() and dist.get_world_size() > 1:
+    dist.barrier()
+
+
+class Checkpointer:
+  def __init__(self, directory: str, *, keep_top_k: int | None = None, metric: str | None = None,
+               metric_mode: str = "max", keep_latest: int = 1):
+    if metric_mode not in ("max", "min"):
+      raise ValueError(f"checkpoint metric_mode must be 'max' or 'min', got {metric_mode!r}")
+    if keep_top_k is not None and keep_top_k < 1:
+      raise ValueError(f"checkpoint keep_top_k must be >= 1, got {keep_top_k}")
+    self.directory = os.path.abspath(directory)
+    self.keep_top_k, self.metric, self.metric_mode, self.keep_latest = keep_top_k, metric, metric_mode, keep_latest
+
+  def all_steps(self) -> list[int]:
+    if not os.path.isdir(self.directory):
+      return []
+    return sorted(int(d) for d in os.listdir(self.directory)
+                  if d.isdigit() and os.path.exists(os.path.join(self.directory, d, META)))
+
+  def latest_step(self) -> int | None:
+    steps = self.all_steps()
+    return steps[-1] if steps else None
+
+  def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, data_iter=None,
+           metrics: Mapping[str, float] | None = None, extra: Mapping[str, Any] | None = None) -> None:
+    if metrics is not None and self.metric and self.keep_top_k and self.metric not in metrics:
+      raise KeyError(f"checkpoint metric {self.metric!r} missing from metrics {sorted(metrics)}")
+    final = os.path.join(self.directory, str(int(step)))
+    tmp = final + ".tmp"
+    if _rank() == 0:
+      shutil.rmtree(tmp, ignore_errors=True)
+      os.makedirs(tmp)
+    _barrier()
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp)
+    if _rank() == 0:  # every rank holds the same bookkeeping and data iterator (SPMD loop)
+      meta = {"step": int(step), "metrics": {k: float(v) for k, v in (metrics or {}).items()}, **(extra or {})}
+      with open(os.path.join(tmp, META), "w") as f:
+        json.dump(meta, f)
+      if data_iter is not None:
+        state = data_iter.get_state()
+        if isinstance(state, bytes):
+          with open(os.path.join(tmp, DATA_BIN), "wb") as f:
+            f.write(state)
+        else:
+          with open(os.path.join(tmp, DATA_JSON), "w") as f:
+            json.dump(state, f)
+    _barrier()  # all shards are on disk before the step becomes visible
+    if _rank() == 0:
+      shutil.rmtree(final, ignore_errors=True)
+      os.rename(tmp, final)
+      self._prune()
+    _barrier()
+
+  def _prune(self) -> None:
+    steps = self.all_steps()
+    keep = set(steps[-self.keep_latest:]) if self.keep_latest > 0 else set()
+    if self.keep_top_k and self.metric:
+      scored = []
+      for s in steps:
+        with open(os.path.join(self.directory, str(s), META)) as f:
+          value = json.load(f)["metrics"].get(self.metric)
+        if value is not None:
+          scored.append((value if self.metric_mode == "max" else -value, s))
+      keep |= {s for _, s in sorted(scored, reverse=True)[:self.keep_top_k]}
+    for s in steps:
+      if s not in keep:
+        shutil.rmtree(os.path.join(self.directory, str(s)), ignore_errors=True)
+
+  def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
+              step: int | None = None, data_iter=None) -> dict:
+    """Restores in place (onto the current sharding); returns the saved bookkeeping (meta.json)."""
+    step = self.latest_step() if step is None else step
+    if step is None:
+      raise FileNotFoundError(f"no checkpoint in {self.directory}")
+    path = os.path.join(self.directory, str(int(step)))
+    if not os.path.exists(os.path.join(path, ".metadata")):
+      raise FileNotFoundError(f"{path!r} is not a torch distributed checkpoint (no .metadata)")
+    model_sd, optim_sd = get_state_dict(model, optimizer)  # also materializes empty AdamW state
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    with open(os.path.join(path, META)) as f:
+      meta = json.load(f)
+    if data_iter is not None:
+      if os.path.exists(os.path.join(path, DATA_BIN)):
+        with open(os.path.join(path, DATA_BIN), "rb") as f:
+          data_iter.set_state(f.read())
+      elif os.path.exists(os.path.join(path, DATA_JSON)):
+        with open(os.path.join(path, DATA_JSON)) as f:
+          data_iter.set_state(json.load(f))
+      else:
+        raise FileNotFoundError(f"{path!r} holds no data iterator state, but one was passed to restore")
+    return meta

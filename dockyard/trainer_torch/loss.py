@@ -1,0 +1,99 @@
+"""The clipped policy-gradient loss and the SFT NLL loss in torch, following `loss_spec.py` exactly.
+
+Both are `dockyard.policy.LossFn`s: `fn(logprobs [B,T], loss_mask [B,T], extras) -> (loss,
+metrics)` on torch tensors. Only `logprobs` carries gradient: prev, generation and reference
+logprobs, advantages and the importance weights are detached. Whole-batch `total_tokens` /
+`total_sequences` in extras (the micro-batching contract of `dockyard.policy`) set the
+normalizers, so micro-batch losses sum exactly to the full-batch loss.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+
+from dockyard.grpo.loss_spec import LossConfig, check_extras
+
+
+def _f32(x, like: torch.Tensor) -> torch.Tensor:
+  return torch.as_tensor(x, dtype=torch.float32, device=like.device).detach()
+
+
+def _totals(m: torch.Tensor, n_b: torch.Tensor, extras: Mapping[str, Any]):
+  # Alone (no trainer totals), a batch is its own whole.
+  total_tokens = _f32(extras["total_tokens"], m) if "total_tokens" in extras else m.sum()
+  total_sequences = (_f32(extras["total_sequences"], m) if "total_sequences" in extras
+                     else (n_b > 0).sum().to(torch.float32))
+  return total_tokens.clamp_min(1.0), total_sequences.clamp_min(1.0)
+
+
+def clipped_pg_loss(logprobs: torch.Tensor, loss_mask, extras: Mapping[str, Any], cfg: LossConfig):
+  """See `loss_spec.clipped_pg_loss`; same math, same metrics (as detached 0-d tensors)."""
+  check_extras(extras, cfg)
+  lp = logprobs.to(torch.float32)
+  m = _f32(loss_mask, lp)
+  prev = _f32(extras["prev_logprobs"], lp)
+  adv = _f32(extras["advantages"], lp)
+  if adv.ndim == 1:
+    adv = adv[:, None]
+  n_b = m.sum(-1)
+  total_tokens, total_sequences = _totals(m, n_b, extras)
+
+  log_ratio = (lp - prev) * m
+  if cfg.aggregation == "sequence":
+    seq_log_ratio = log_ratio.sum(-1) / n_b.clamp_min(1.0)
+    ratio = torch.exp(seq_log_ratio)[:, None].expand_as(lp)
+  else:
+    ratio = torch.exp(log_ratio)
+  clipped = ratio.clamp(1.0 - cfg.ratio_clip_min, 1.0 + cfg.ratio_clip_max)
+  loss1, loss2 = -adv * ratio, -adv * clipped
+  pg = torch.maximum(loss1, loss2)
+  clip_active = (loss2 > loss1).to(torch.float32)
+  dual_active = torch.zeros_like(pg)
+  if cfg.ratio_clip_c > 1.0:
+    loss3 = -adv * cfg.ratio_clip_c
+    dual_active = ((adv < 0) & (loss3 < pg)).to(torch.float32)
+    pg = torch.where(adv < 0, torch.minimum(pg, loss3.expand_as(pg)), pg)
+
+  kl = torch.zeros_like(pg)
+  if cfg.reference_policy_kl_penalty != 0:
+    d = (_f32(extras["reference_logprobs"], lp) - lp) * m
+    kl = torch.exp(d) - d - 1.0
+
+  w = torch.ones_like(pg)
+  if cfg.use_importance_sampling_correction:
+    gen = _f32(extras["generation_logprobs"], lp)
+    w = torch.exp((prev - gen) * m).clamp_max(cfg.truncated_importance_sampling_ratio)
+
+  per_token = w * (pg + cfg.reference_policy_kl_penalty * kl)
+  if cfg.length_normalization == "dr_grpo":
+    loss = (per_token * m).sum() / (total_sequences * cfg.max_completion_tokens)
+  elif cfg.aggregation == "sequence":
+    loss = ((per_token * m).sum(-1) / n_b.clamp_min(1.0)).sum() / total_sequences
+  else:
+    loss = (per_token * m).sum() / total_tokens
+
+  def tok_mean(x):
+    return ((x * m).sum() / total_tokens).detach()
+
+  metrics = dict(
+      loss=loss.detach(), pg_loss=tok_mean(w * pg), kl=tok_mean(kl),
+      clip_fraction=tok_mean(clip_active), dual_clip_fraction=tok_mean(dual_active),
+      ratio_mean=tok_mean(ratio), is_weight_mean=tok_mean(w))
+  return loss, metrics
+
+
+def make_pg_loss(cfg: LossConfig):
+  """A `LossFn` closed over `cfg`."""
+  def loss_fn(logprobs, loss_mask, extras):
+    return clipped_pg_loss(logprobs, loss_mask, extras, cfg)
+  return loss_fn
+
+
+def nll_loss(logprobs: torch.Tensor, loss_mask, extras: Mapping[str, Any]):
+  """Masked NLL per token (SFT warm start); see `loss_spec.nll_loss`."""
+  lp = logprobs.to(torch.float32)
+  m = _f32(loss_mask, lp)
+  total_tokens = _totals(m, m.sum(-1), extras)[0]
+  loss = -(lp * m).sum() / total_tokens
+  return loss, dict(loss=loss.detach(), nll=loss.detach())

@@ -1,0 +1,275 @@
+"""`TorchPolicy`: the `dockyard.policy.Policy` seam on an HF transformers model under FSDP2.
+
+Every decoder layer and then the root are wrapped with `fully_shard` on a 1-D 'fsdp' mesh, so
+parameters are DTensors sharded (dim 0) over the ranks; one rank in a plain process, N under
+`torchrun --nproc_per_node=N` (gloo on CPU, NCCL on GPU). The batch contract is in
+`dockyard.trainer_torch.dist`: every rank passes the same global batch. The optimizer follows the
+JAX trainer (`dockyard.trainer_torch.optim`); weights leave through the refit name-map
+(`named_weights`); checkpoints are torch distributed checkpoints (`dockyard.trainer_torch.checkpoint`).
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from dockyard.policy import LossFn, Policy, TrainBatch
+from dockyard.refit import name_map
+from dockyard.trainer_jax.model_config import ModelConfig  # pure Python: the name-map's config
+from dockyard.trainer_torch import checkpoint, dist, optim
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _dtype(name: str, key: str) -> torch.dtype:
+  if name not in DTYPES:
+    raise ValueError(f"config.{key}={name!r}: expected one of {sorted(DTYPES)}")
+  return DTYPES[name]
+
+
+def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+  """[B, T] with entry t = log p(x_t | x_<t) from logits[t-1]; entry 0 = 0 (as the JAX side)."""
+  logp = F.log_softmax(logits[:, :-1].to(torch.float32), dim=-1)
+  picked = logp.gather(-1, input_ids[:, 1:, None].long())[..., 0]
+  return torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
+
+
+def check_batch(batch: TrainBatch, vocab_size: int, max_seq_len: int) -> None:
+  """Clear errors for malformed batches, before any collective starts."""
+  ids = np.asarray(batch.input_ids)
+  if ids.ndim != 2:
+    raise ValueError(f"TrainBatch.input_ids must be [B, T], got shape {ids.shape}")
+  for name in ("attention_mask", "loss_mask"):
+    shape = np.shape(getattr(batch, name))
+    if shape != ids.shape:
+      raise ValueError(f"TrainBatch.{name} has shape {shape}, input_ids has {ids.shape}")
+  if ids.shape[1] > max_seq_len:
+    raise ValueError(f"batch length {ids.shape[1]} exceeds config.policy.max_seq_len={max_seq_len}")
+  if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+    raise ValueError(f"TrainBatch.input_ids out of range [0, {vocab_size}): min {ids.min()}, max {ids.max()}")
+  for k, v in batch.extras.items():
+    v = np.asarray(v)
+    if v.ndim >= 1 and v.shape[0] != ids.shape[0]:
+      raise ValueError(f"TrainBatch.extras[{k!r}] has {v.shape[0]} rows, the batch has {ids.shape[0]}")
+
+
+class TorchPolicy(Policy):
+  """An HF causal LM, FSDP2-sharded, trained with AdamW on a `LossFn`."""
+
+  def __init__(self, model_path: str, config: Any):
+    import transformers
+
+    dist.ensure_process_group()
+    self.config = config
+    self.model_path = model_path
+    self.model_config = ModelConfig.from_pretrained(model_path)  # refuses what the name-map lacks
+    self._optim = dict(config.optim)
+    self._total_steps = int(config.optim.decay_steps) or int(config.grpo.max_num_steps)
+    self._max_seq_len = int(config.policy.max_seq_len)
+    self._micro = int(config.optim.micro_batch_size)
+    if self._micro < 1:
+      raise ValueError(f"config.optim.micro_batch_size must be >= 1, got {self._micro}")
+    param_dtype = _dtype(config.policy.param_dtype, "policy.param_dtype")
+    compute_dtype = _dtype(config.policy.dtype, "policy.dtype")
+    optim.lr_at(0, self._optim, self._total_steps)  # fails early on a bad schedule
+    torch.manual_seed(int(config.run.seed))
+
+    self.device = torch.device(dist.device_type())
+    # Only rank 0 reads the checkpoint; the others build on the meta device (no memory) and
+    # receive their shards from rank 0 after sharding, so a host never holds N full copies.
+    if dist.rank() == 0:
+      model = transformers.AutoModelForCausalLM.from_pretrained(
+          model_path, dtype=param_dtype, attn_implementation="sdpa").to(self.device)
+      full_state = model.state_dict()  # the unsharded tensors, kept alive until broadcast
+    else:
+      hf_config = transformers.AutoConfig.from_pretrained(model_path)
+      with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(
+            hf_config, dtype=param_dtype, attn_implementation="sdpa")
+      full_state = {}
+    model.config.use_cache = False
+    if config.policy.remat:  # recompute each layer in the backward pass to save memory
+      model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=dict(use_reentrant=False))
+    mesh = dist.fsdp_mesh()
+    mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+    for layer in model.model.layers:  # one all-gather per layer, resharded after use
+      fully_shard(layer, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    if dist.world_size() > 1:
+      _broadcast_from_rank0(model, full_state, self.device)
+    del full_state
+    for module in model.modules():
+      if hasattr(module, "set_gradient_divide_factor"):
+        # The loss is already normalized by whole-batch totals: sum gradients over ranks (a
+        # plain SUM: the PREMUL_SUM that a custom factor picks otherwise does not exist in gloo).
+        module.set_gradient_divide_factor(1.0)
+        module.set_force_sum_reduction_for_comms(True)
+    self.model = model
+    self._check_names()
+    self.optimizer = optim.make_optimizer(model.parameters(), self._optim)
+    self._step = 0
+    self._lr_override: float | None = None
+    self._checkpointers: dict[str, checkpoint.Checkpointer] = {}
+
+  @classmethod
+  def from_hf(cls, path: str, config: Any) -> "TorchPolicy":
+    return cls(path, config)
+
+  @property
+  def step(self) -> int:
+    return self._step
+
+  def set_lr(self, lr: float | None) -> None:
+    """A constant learning rate (e.g. the SFT warm start's); None returns to the schedule.
+    Same call as `JaxPolicy.set_lr`; it is saved with the checkpoint, as on the JAX side."""
+    if lr is not None and not (lr >= 0 and math.isfinite(lr)):
+      raise ValueError(f"learning rate must be a finite number >= 0, got {lr}")
+    self._lr_override = None if lr is None else float(lr)
+
+  set_learning_rate = set_lr  # the name the GRPO loop's SFT warm start calls (dockyard.grpo.sft)
+
+  # ---- forward ----------------------------------------------------------------------------------
+
+  def _rank_slice(self, batch: TrainBatch):
+    """This rank's rows of the (padded) global batch, and the micro-batch count."""
+    check_batch(batch, self.model_config.vocab_size, self._max_seq_len)
+    rows, n_micro = dist.rows_per_rank(batch.batch_size, self._micro, dist.world_size())
+    total = rows * dist.world_size()
+    lo = dist.rank() * rows
+    # Padding rows: one real (pad-id) token so attention has a key, no loss tokens.
+    am = dist.pad_rows(np.asarray(batch.attention_mask), total, 0)
+    am[batch.batch_size:, 0] = 1
+    out = dict(
+        input_ids=dist.pad_rows(np.asarray(batch.input_ids), total, 0)[lo:lo + rows],
+        attention_mask=am[lo:lo + rows],
+        loss_mask=dist.pad_rows(np.asarray(batch.loss_mask), total, 0)[lo:lo + rows],
+        extras={k: (dist.pad_rows(np.asarray(v), total, 0)[lo:lo + rows] if np.ndim(v) >= 1 else v)
+                for k, v in batch.extras.items()})
+    return out, n_micro
+
+  def _logprobs(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> torch.Tensor:
+    ids = torch.as_tensor(input_ids, dtype=torch.long, device=self.device)
+    am = torch.as_tensor(attention_mask, dtype=torch.long, device=self.device)
+    logits = self.model(input_ids=ids, attention_mask=am, use_cache=False).logits
+    return token_logprobs(logits, ids)
+
+  def logprobs(self, batch: TrainBatch) -> np.ndarray:
+    part, n_micro = self._rank_slice(batch)
+    outs = []
+    self.model.eval()  # the same function train_step differentiates, minus any dropout
+    with torch.no_grad():
+      for i in range(n_micro):
+        s = slice(i * self._micro, (i + 1) * self._micro)
+        outs.append(self._logprobs(part["input_ids"][s], part["attention_mask"][s]))
+    full = dist.all_gather_rows(torch.cat(outs, 0))[:batch.batch_size].cpu().numpy()
+    return full * np.asarray(batch.attention_mask, full.dtype)  # padding reports 0, as in JAX
+
+  # ---- training ---------------------------------------------------------------------------------
+
+  def train_step(self, batch: TrainBatch, loss_fn: LossFn) -> dict[str, float]:
+    part, n_micro = self._rank_slice(batch)
+    lm = np.asarray(batch.loss_mask, np.float32)
+    totals = dict(total_tokens=torch.tensor(float(lm.sum())),
+                  total_sequences=torch.tensor(float((lm.sum(-1) > 0).sum())))
+    self.model.train()
+    sums: dict[str, torch.Tensor] = {}
+    for i in range(n_micro):
+      s = slice(i * self._micro, (i + 1) * self._micro)
+      lp = self._logprobs(part["input_ids"][s], part["attention_mask"][s])
+      extras = {k: (torch.as_tensor(v[s]) if np.ndim(v) >= 1 else torch.as_tensor(v))
+                for k, v in part["extras"].items()}
+      loss, metrics = loss_fn(lp, torch.as_tensor(part["loss_mask"][s]), {**extras, **totals})
+      loss.backward()  # FSDP reduce-scatters (sums) into the sharded .grad, accumulating
+      for k, v in {**metrics, "loss": loss}.items():
+        sums[k] = sums.get(k, 0.0) + torch.as_tensor(v).detach().to(torch.float64)
+    out = dist.all_reduce_sum(sums)
+
+    params = [p for p in self.model.parameters() if p.grad is not None]
+    grads = [p.grad for p in params]
+    norm = optim.global_norm(grads)
+    optim.clip_(grads, norm, float(self._optim["max_grad_norm"]))
+    lr = self._lr_override if self._lr_override is not None else optim.lr_at(
+        self._step, self._optim, self._total_steps)
+    for group in self.optimizer.param_groups:
+      group["lr"] = lr
+    self.optimizer.step()
+    self.optimizer.zero_grad(set_to_none=True)
+    self._step += 1
+    out.update(grad_norm=float(norm), lr=lr, total_tokens=float(totals["total_tokens"]))
+    return out
+
+  # ---- refit ------------------------------------------------------------------------------------
+
+  def _check_names(self) -> None:
+    """HF module names are already HF names; the refit name-map must agree on the set."""
+    table = name_map.table(self.model_config)
+    expected = {e.hf for e in table}
+    have = {n for n, _ in self.model.named_parameters()}
+    if have != expected:
+      raise KeyError(f"HF parameters and the {self.model_config.family} name-map disagree: "
+                     f"missing from model {sorted(expected - have)[:5]}, "
+                     f"unknown to name-map {sorted(have - expected)[:5]}")
+
+  def named_weights(self) -> Iterator[tuple[str, np.ndarray]]:
+    """Streams (hf_name, array) in the name-map's order, one parameter gathered at a time.
+
+    A gather (`full_tensor`) is a collective: under torchrun every rank must iterate this."""
+    params = dict(self.model.named_parameters())
+    for entry in name_map.table(self.model_config):
+      p = params[entry.hf].detach()
+      local = p.to_local() if hasattr(p, "to_local") else p
+      full = p.full_tensor() if hasattr(p, "full_tensor") else p
+      if full.data_ptr() == local.data_ptr():  # one rank: the "gather" aliases the live weight
+        full = full.clone()
+      yield entry.hf, _to_numpy(full)
+
+  # ---- checkpoints (the same calls as JaxPolicy's, so the loops need no backend branch) ---------
+
+  def checkpointer(self, directory: str, checkpoint_config=None) -> checkpoint.Checkpointer:
+    """The (cached) manager of `directory`, with best-k retention from `config.checkpoint`."""
+    key = os.path.abspath(directory)
+    if key not in self._checkpointers:
+      kw = {}
+      if checkpoint_config is not None:
+        kw = dict(keep_top_k=int(checkpoint_config.keep_top_k), metric=checkpoint_config.metric,
+                  metric_mode=checkpoint_config.metric_mode)
+      self._checkpointers[key] = checkpoint.Checkpointer(directory, **kw)
+    return self._checkpointers[key]
+
+  def save(self, directory: str, *, data_iter=None, metrics=None) -> None:
+    """Saves model, AdamW state and step as `directory/<step>/` (DCP)."""
+    self.checkpointer(directory).save(self._step, self.model, self.optimizer, data_iter=data_iter,
+                                      metrics=metrics, extra={"lr_override": self._lr_override})
+
+  def restore(self, directory: str, *, data_iter=None, step: int | None = None) -> dict:
+    """Restores the latest (or `step`) checkpoint under `directory`; returns its bookkeeping."""
+    meta = self.checkpointer(directory).restore(self.model, self.optimizer, step=step, data_iter=data_iter)
+    self._step = int(meta["step"])
+    self._lr_override = meta.get("lr_override")
+    return meta
+
+
+def _broadcast_from_rank0(model: torch.nn.Module, full_state: dict, device: torch.device) -> None:
+  """Fills every rank's shards (and buffers such as RoPE's inv_freq, which the meta-device
+  ranks lack) from rank 0's full state dict."""
+  import torch.distributed as tdist
+  from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+  if dist.rank() != 0:
+    model.to_empty(device=device)
+  set_model_state_dict(model, full_state, options=StateDictOptions(
+      full_state_dict=True, broadcast_from_rank0=True))
+  for _, buf in model.named_buffers():  # non-persistent buffers are not in any state dict
+    tdist.broadcast(buf, src=0)
+
+
+def _to_numpy(t: torch.Tensor) -> np.ndarray:
+  t = t.cpu().contiguous()
+  if t.dtype == torch.bfloat16:  # NumPy has no bfloat16; ml_dtypes' is what safetensors/JAX use
+    import ml_dtypes
+    return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+  return t.numpy()

@@ -1,0 +1,134 @@
+"""Train step semantics: micro-batch accumulation, masks, remat, jit cache, learning rates."""
+import jax
+import numpy as np
+import pytest
+
+from dockyard.policy import TrainBatch
+from dockyard.trainer_jax import hf_io
+from dockyard.trainer_jax import sharding as shd
+from dockyard.trainer_jax.policy import JaxPolicy, masked_nll
+
+
+def _policy(path, config, **optim):
+  config.optim.update(optim)
+  mesh = shd.make_mesh((1, 1, 1), devices=jax.devices()[:1])
+  return JaxPolicy.from_hf(path, config, mesh=mesh)
+
+
+def _batch(vocab, b=8, t=40, seed=0):
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(0, vocab, (b, t)).astype(np.int32)
+  attn, loss = np.ones_like(ids), np.zeros_like(ids)
+  for i in range(b):
+    n = int(rng.integers(t // 2, t + 1))
+    ids[i, n:], attn[i, n:] = 0, 0
+    loss[i, 6:n] = 1
+  adv = rng.standard_normal(b).astype(np.float32)
+  return TrainBatch(ids, attn, loss, extras={"advantages": adv})
+
+
+def pg_like_loss(logprobs, loss_mask, extras):
+  """Uses a per-sequence extra and both totals, as the GRPO loss will."""
+  per_seq = (logprobs * loss_mask).sum(axis=1) * extras["advantages"]
+  loss = -per_seq.sum() / extras["total_tokens"] + 0.0 * extras["total_sequences"]
+  return loss, {"seq_term": per_seq.sum() / extras["total_sequences"]}
+
+
+def _params(policy):
+  return {k: np.asarray(v) for k, v in hf_io.named_params(policy.model).items()}
+
+
+def test_micro_batches_sum_to_the_full_batch(tiny_models, config):
+  path = tiny_models["qwen2"]
+  whole = _policy(path, config.copy_and_resolve_references(), micro_batch_size=8, warmup_steps=0)
+  micro = _policy(path, config.copy_and_resolve_references(), micro_batch_size=2, warmup_steps=0)
+  batch = _batch(whole.model.config.vocab_size)
+  a = whole.train_step(batch, pg_like_loss)
+  b = micro.train_step(batch, pg_like_loss)
+  for key in ("loss", "grad_norm", "seq_term"):
+    assert abs(a[key] - b[key]) <= 1e-5 * max(1.0, abs(a[key])), (key, a[key], b[key])
+  pa, pb = _params(whole), _params(micro)
+  for name in pa:
+    # 1e-5: Adam divides by sqrt(v), which magnifies float-order noise on near-zero gradients.
+    np.testing.assert_allclose(pa[name], pb[name], atol=1e-5, err_msg=name)
+  # A batch that is not a whole number of micro-batches is padded with rows that add nothing.
+  odd = TrainBatch(batch.input_ids[:5], batch.attention_mask[:5], batch.loss_mask[:5],
+                   {"advantages": batch.extras["advantages"][:5]})
+  c, d = micro.train_step(odd, pg_like_loss), whole.train_step(odd, pg_like_loss)
+  assert abs(c["loss"] - d["loss"]) <= 1e-5 and abs(c["grad_norm"] - d["grad_norm"]) <= 1e-5
+
+
+def test_loss_counts_only_completion_tokens_and_remat_changes_nothing(tiny_models, config):
+  path = tiny_models["qwen2"]
+  plain = _policy(path, config.copy_and_resolve_references(), warmup_steps=0)
+  cfg = config.copy_and_resolve_references()
+  cfg.policy.remat = True
+  remat = _policy(path, cfg, warmup_steps=0)
+  assert remat.model.remat
+  batch = _batch(plain.model.config.vocab_size, seed=1)
+  lp = plain.logprobs(batch)
+  assert lp.shape == batch.input_ids.shape and np.all(lp[:, 0] == 0)
+  assert np.all(lp[batch.attention_mask == 0] == 0)
+  expected = -(lp * batch.loss_mask).sum() / batch.loss_mask.sum()
+  m = plain.train_step(batch, masked_nll)
+  assert abs(m["loss"] - expected) <= 1e-5, (m["loss"], expected)
+  assert m["num_tokens"] == batch.loss_mask.sum()
+  r = remat.train_step(batch, masked_nll)
+  assert abs(r["loss"] - m["loss"]) <= 1e-6 and abs(r["grad_norm"] - m["grad_norm"]) <= 1e-5
+  pp, pr = _params(plain), _params(remat)
+  for name in pp:
+    np.testing.assert_allclose(pp[name], pr[name], atol=1e-5, err_msg=name)
+  # Changing a prompt-only position's *target* (masked out) leaves the loss unchanged.
+  masked_pos = np.argwhere((batch.loss_mask == 0) & (batch.attention_mask == 1))
+  i, t = masked_pos[-1]
+  assert t >= 1
+  tweaked = TrainBatch(batch.input_ids.copy(), batch.attention_mask, batch.loss_mask, batch.extras)
+  before = plain.logprobs(tweaked)
+  tweaked.loss_mask = batch.loss_mask.copy()
+  tweaked.loss_mask[i, t] = 1  # now it is trained on: the loss must change
+  assert abs((-(before * tweaked.loss_mask).sum() / tweaked.loss_mask.sum()) - expected) > 1e-6
+
+
+def test_same_bucket_does_not_recompile_and_lr_follows_schedule(tiny_models, config):
+  compiles = []
+  jax.monitoring.register_event_duration_secs_listener(
+      lambda event, secs, **kw: compiles.append(event) if event == "/jax/core/compile/backend_compile_duration" else None)
+  policy = _policy(tiny_models["qwen3"], config, warmup_steps=2, lr=1e-3)
+  vocab = policy.model.config.vocab_size
+  first = policy.train_step(_batch(vocab, t=40, seed=0), masked_nll)
+  n = len(compiles)
+  lrs = [first["lr"]]
+  for t in (33, 50, 64):  # all pad to 64
+    lrs.append(policy.train_step(_batch(vocab, t=t, seed=t), masked_nll)["lr"])
+  assert len(compiles) == n, f"{len(compiles) - n} recompiles for lengths within one bucket"
+  assert policy.step == 4
+  np.testing.assert_allclose(lrs[:3], [0.0, 5e-4, 1e-3], rtol=1e-6)  # linear warmup over 2 steps
+  assert lrs[3] < 1e-3  # cosine decay has begun
+  policy.set_lr(3e-3)  # SFT-style constant rate, no recompile
+  assert policy.train_step(_batch(vocab, t=40), masked_nll)["lr"] == pytest.approx(3e-3)
+  assert len(compiles) == n
+  policy.set_lr(None)
+  assert policy.train_step(_batch(vocab, t=40), masked_nll)["lr"] < 1e-3
+  with pytest.raises(ValueError, match="learning rate"):
+    policy.set_lr(-1.0)
+
+
+def test_named_weights_stream_hf_layout(tiny_models, config):
+  from safetensors.numpy import load_file
+  import os
+  policy = _policy(tiny_models["llama"], config)
+  named = dict(policy.named_weights())
+  on_disk = load_file(os.path.join(tiny_models["llama"], "model.safetensors"))
+  assert set(named) == set(on_disk)
+  for name, arr in on_disk.items():
+    np.testing.assert_array_equal(named[name], arr, err_msg=name)
+
+
+def test_bad_batches_are_rejected(tiny_models, config):
+  policy = _policy(tiny_models["qwen2"], config)
+  b = _batch(policy.model.config.vocab_size)
+  with pytest.raises(ValueError, match="loss_mask shape"):
+    policy.train_step(TrainBatch(b.input_ids, b.attention_mask, b.loss_mask[:, :3]), masked_nll)
+  with pytest.raises(ValueError, match="batch dimension 3"):
+    policy.train_step(TrainBatch(b.input_ids, b.attention_mask, b.loss_mask,
+                                 {"advantages": np.zeros(3, np.float32)}), masked_nll)

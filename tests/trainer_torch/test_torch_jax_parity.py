@@ -1,0 +1,57 @@
+"""Parity with the JAX backend: one HF checkpoint, one batch -> the same logprobs, loss, metrics,
+gradient norm and, after one AdamW step, the same weights (HF layout, through each side's
+name-map path). Skips, naming the reason, when the JAX trainer's `JaxPolicy` is not present."""
+import importlib.util
+
+import numpy as np
+import pytest
+
+import torch_common
+
+if importlib.util.find_spec("dockyard.trainer_jax.policy") is None:
+  pytest.skip("dockyard.trainer_jax.policy (JaxPolicy, branch 'trainer') is not in this tree",
+              allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def both(model_path, build_policy):
+  import jax
+
+  from dockyard.trainer_jax.policy import JaxPolicy
+  cfg = torch_common.make_config(micro_batch_size=4, warmup_steps=0)
+  jax_policy = JaxPolicy.from_hf(model_path, cfg, devices=jax.devices()[:1])
+  return build_policy(micro_batch_size=4, warmup_steps=0), jax_policy, cfg
+
+
+def test_same_checkpoint_same_weights_and_logprobs(both):
+  torch_policy, jax_policy, _ = both
+  t, j = dict(torch_policy.named_weights()), dict(jax_policy.named_weights())
+  assert list(t) == list(j)
+  for name in t:
+    np.testing.assert_array_equal(t[name], j[name], err_msg=name)
+  batch = torch_common.make_batch(seed=5)
+  lp_t, lp_j = torch_policy.logprobs(batch), jax_policy.logprobs(batch)
+  assert np.all(lp_t[batch.attention_mask == 0] == 0)
+  print(f"max |logprob torch - jax| = {np.abs(lp_t - lp_j).max():.2e}")
+  np.testing.assert_allclose(lp_t, lp_j, rtol=0, atol=1e-4)
+
+
+def test_one_train_step_matches(both):
+  from dockyard.grpo import loss_jax
+  from dockyard.trainer_torch import loss as loss_torch
+  torch_policy, jax_policy, cfg = both
+  lc = torch_common.loss_config(cfg)
+  batch = torch_common.make_batch(seed=6)
+  batch = torch_common.with_prev(batch, torch_policy.logprobs(batch))
+  m_t = torch_policy.train_step(batch, loss_torch.make_pg_loss(lc))
+  m_j = jax_policy.train_step(batch, loss_jax.make_pg_loss(lc))
+  assert m_t["grad_norm"] > cfg.optim.max_grad_norm   # both clip
+  for k in ("loss", "pg_loss", "clip_fraction", "ratio_mean", "is_weight_mean", "grad_norm", "lr"):
+    assert m_t[k] == pytest.approx(m_j[k], rel=1e-4, abs=1e-6), k
+  assert torch_policy.step == jax_policy.step == 1
+  t, j = dict(torch_policy.named_weights()), dict(jax_policy.named_weights())
+  worst = max(float(np.abs(t[n] - j[n]).max()) for n in t)
+  print(f"loss torch {m_t['loss']:.8f} jax {m_j['loss']:.8f}; grad_norm torch {m_t['grad_norm']:.7f} "
+        f"jax {m_j['grad_norm']:.7f}; max |w torch - w jax| after 1 step = {worst:.2e}")
+  for name in t:
+    np.testing.assert_allclose(t[name], j[name], rtol=0, atol=5e-5, err_msg=f"{name} (worst {worst:.2e})")
