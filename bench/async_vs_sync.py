@@ -66,7 +66,7 @@ def main():
   p.add_argument("--generations", type=int, default=None)
   p.add_argument("--max_new_tokens", type=int, default=None)
   args = p.parse_args()
-  quick = dict(steps=4, prompts=2, generations=4, max_new_tokens=16)
+  quick = dict(steps=3, prompts=2, generations=4, max_new_tokens=12)
   full = dict(steps=10, prompts=4, generations=8, max_new_tokens=48)
   for k, v in (quick if args.quick else full).items():
     if getattr(args, k) is None:
