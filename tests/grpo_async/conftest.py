@@ -33,13 +33,6 @@ def real_parts():
   """The real stack for the end-to-end test: a tiny Qwen2 made locally, its tokenizer, one
   in-process CPU vLLM engine and the math config it runs with (built once)."""
   pytest.importorskip("dockyard.trainer_jax.policy", reason="the JAX trainer is not in this checkout yet")
-  from transformers import AutoTokenizer
-
-  from async_parts import async_config
-  from dockyard.models.tiny import make_tiny_model
-  from dockyard.rollout.vllm_engine import VLLMEngine
-  config = async_config(**{"grpo.num_prompts_per_step": 2, "grpo.num_generations_per_prompt": 4,
-                           "grpo.max_num_steps": 3, "rollout.max_new_tokens": 8, "optim.decay_steps": 100,
-                           "optim.micro_batch_size": 8, "checkpoint.save_period": 3})
-  path = make_tiny_model(dict(config.policy.tiny))
-  return config, path, AutoTokenizer.from_pretrained(path), VLLMEngine(path, config.rollout, seed=0)
+  import run_async_real
+  config = run_async_real.config_for(3)
+  return (config, *run_async_real.build(config))

@@ -39,18 +39,21 @@ def steps(rows):
 
 
 def start(tokenizer_dir, workdir):
+  return launch("run_async_fake.py", tokenizer_dir, workdir, STEPS, DELAY)
+
+
+def launch(script, *args):
   env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
-  return subprocess.Popen([sys.executable, os.path.join(HERE, "run_async_fake.py"), tokenizer_dir, workdir,
-                           str(STEPS), str(DELAY)], env=env, cwd=ROOT,
+  return subprocess.Popen([sys.executable, os.path.join(HERE, script), *map(str, args)], env=env, cwd=ROOT,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
-def kill_after(proc, workdir, rows_seen):
+def kill_after(proc, workdir, rows_seen, wait_s=120):
   """SIGKILLs `proc` as soon as it has logged `rows_seen` step records (so: in the next step)."""
-  deadline = time.monotonic() + 120
+  deadline = time.monotonic() + wait_s
   while len(steps(read_log(workdir))) < rows_seen:
     assert proc.poll() is None, f"the run ended before it could be killed:\n{proc.stderr.read()[-3000:]}"
-    assert time.monotonic() < deadline, "no progress within 120 s"
+    assert time.monotonic() < deadline, f"no progress within {wait_s} s"
     time.sleep(0.005)
   proc.send_signal(signal.SIGKILL)
   assert proc.wait(30) == -signal.SIGKILL
@@ -91,3 +94,30 @@ def test_sigkill_mid_step_then_resume_matches_an_uninterrupted_run(tokenizer_dir
   assert len(trained) == len(set(trained)) == STEPS * P    # none twice, none lost
   state = json.load(open(os.path.join(work, "checkpoints", "latest", "loop_state.json")))
   assert state["step"] == STEPS and state["buffer"]["version"] == STEPS
+
+
+def test_sigkill_on_the_real_stack_then_resume_matches(real_parts, tmp_path):
+  """The same, with the JAX trainer (orbax checkpoints), CPU vLLM and the WeightSynchronizer."""
+  import run_async_real
+  steps = 4
+  clean = str(tmp_path / "clean")
+  run_async_real.main(clean, steps, parts=real_parts[1:])
+  want = history(read_log(clean))
+  assert len(want) == steps
+
+  work = str(tmp_path / "killed")
+  kill_after(launch("run_async_real.py", work, steps), work, 2, wait_s=300)
+  logged = len(steps_of(work))
+  last = launch("run_async_real.py", work, steps)
+  assert last.wait(300) == 0, last.stderr.read()[-3000:]
+  rows = read_log(work)
+  starts = [r["start"] for r in rows if "start" in r]
+  assert len(starts) == 2 and logged - 1 <= starts[1] <= logged   # resumed from the last checkpoint
+  got = history(rows)
+  assert got == want
+  trained = [s for seqs, _ in got for s in seqs]
+  assert len(trained) == len(set(trained)) == steps * P
+
+
+def steps_of(workdir):
+  return steps(read_log(workdir))
