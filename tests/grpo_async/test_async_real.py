@@ -1,6 +1,6 @@
 """Async GRPO end to end on real parts: the JAX trainer (`JaxPolicy`) on a tiny Qwen2 made here,
 one in-process CPU vLLM engine, the WeightSynchronizer (in-process transport + refit canary), the
-math env; then a resume from the orbax checkpoint with the replay buffer's state."""
+math env. (Resume on this stack, after a SIGKILL: test_kill_resume.py.)"""
 import json
 import os
 
@@ -29,7 +29,7 @@ def test_async_grpo_on_jax_trainer_and_vllm(real_parts, tmp_path):
     return res, policy
 
   c_age = config.grpo.async_grpo.max_trajectory_age_steps
-  res, policy = train(3)
+  res, _ = train(3)
   rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
   steps = [r for r in rows if "time/step" in r]
   assert [r["step"] for r in steps] == [1, 2, 3] and res.resumed_from is None
@@ -43,12 +43,3 @@ def test_async_grpo_on_jax_trainer_and_vllm(real_parts, tmp_path):
   log = [json.loads(line) for line in open(tmp_path / async_loop.ASYNC_LOG)]
   trained = [s for row in log if "seqs" in row for s in row["seqs"]]
   assert len(trained) == len(set(trained)) == 6
-
-  # Resume for two more steps: the orbax checkpoint and the buffer come back, no prompt repeats.
-  res2, policy2 = train(5)
-  assert res2.resumed_from == 3
-  log = [json.loads(line) for line in open(tmp_path / async_loop.ASYNC_LOG)]
-  trained = [s for row in log if "seqs" in row for s in row["seqs"]]
-  assert len(trained) == len(set(trained)) == 10
-  state = json.load(open(tmp_path / "checkpoints" / "latest" / "loop_state.json"))
-  assert state["step"] == 5 and state["buffer"]["version"] == 5
