@@ -2,7 +2,6 @@
 one in-process CPU vLLM engine, the WeightSynchronizer (in-process transport + refit canary), the
 math env. (Resume on this stack, after a SIGKILL: test_kill_resume.py.)"""
 import json
-import os
 
 import numpy as np
 
