@@ -44,6 +44,8 @@ def parse_flags(argv):
 
 def main(argv):
   del argv
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)   # orbax/absl INFO lines drown the progress line; -v 0 brings them back
   config = _CONFIG.value
   try:
     validate.validate(config)

@@ -141,6 +141,9 @@ class RolloutFleet(Generator):
                  if tp == 1 else {"num_cpus": 0})
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0",
            "VLLM_CPU_KVCACHE_SPACE": str(int(self.rollout["cpu_kvcache_space_gib"])),
+           # every refit logs several INFO lines (and benign 'Failed to load weights' warnings for
+           # tied/rotary modules); WARNING+ of our own code still reaches the driver.
+           "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"),
            # the actor imports this checkout's dockyard, whatever is installed
            "PYTHONPATH": os.pathsep.join(p for p in (_REPO_ROOT, os.environ.get("PYTHONPATH", "")) if p)}
     cls = self._ray.remote(EngineActorImpl)

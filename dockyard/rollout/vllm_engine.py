@@ -47,6 +47,12 @@ def engine_kwargs(rollout: Mapping[str, Any], model_path: str, seed: int = 0) ->
   )
   if not _on_cpu():
     kwargs["gpu_memory_utilization"] = float(rollout["gpu_memory_utilization"])
+  else:
+    # CPU vLLM crashes ("CPU Generator does not use offset") when a seeded request's prefill is
+    # split across steps: it rewinds the torch generator, which CPU generators cannot do. Whole
+    # prefills only: no chunking, and a step budget that fits several full-length prompts.
+    kwargs["enable_chunked_prefill"] = False
+    kwargs["max_num_batched_tokens"] = 4 * int(rollout["max_model_len"])
   return kwargs
 
 

@@ -67,3 +67,15 @@ def test_chat_prompt_ids_uses_the_template(tiny_path):
     chat_prompt_ids(tok, [{"content": "no role"}])
   with pytest.raises(ValueError, match="empty"):
     chat_prompt_ids(tok, [])
+
+
+@pytest.mark.slow
+def test_seeded_sampling_of_many_long_prompts(engine):
+  """Regression: seeded requests whose prefills exceed one step's token budget crashed CPU vLLM
+  ('CPU Generator does not use offset') when prefills were chunked; engine_kwargs disables that."""
+  prompts = [[5 + (i * 7 + j) % 400 for j in range(400)] for i in range(8)]
+  out = engine.generate(prompts, n=2, sampling=SamplingParams(temperature=1.0, max_tokens=16, seed=7))
+  assert len(out) == 8 and all(len(group) == 2 for group in out)
+  assert all(len(c.token_ids) == len(c.logprobs) > 0 for group in out for c in group)
+  again = engine.generate(prompts[:1], n=2, sampling=SamplingParams(temperature=1.0, max_tokens=16, seed=7))
+  assert again[0][0].token_ids == out[0][0].token_ids   # the seed makes the samples reproducible
