@@ -343,9 +343,9 @@ def async_grpo_train(config, *, policy: Policy, generator: Generator, synchroniz
                           settings=settings, versions=versions)
     validator = Validator(config, policy, generator, env, tokenizer, val_tasks, settings, ckpt_root,
                           collector.run_coro)
-    collector.start()
     _write_jsonl(os.path.join(workdir, ASYNC_LOG), dict(start=start, next_seq=buffer.next_seq,
                                                         pending=sorted(buffer.pending)))
+    collector.start()
     if g.val_at_start and start == 0 and validator.tasks:
       writer.write(0, validator(0))
 
