@@ -45,15 +45,18 @@ class FirstDigitEnv(MathEnv):
 
 class SlowGenerator(BigramGenerator):
   """The bigram sampler with a delay per call; call numbers in `hang_calls` sleep `hang_s`
-  instead (a hung engine), and call `fail_on_call` raises (a broken one).
+  instead (a hung engine), call `fail_on_call` raises (a broken one), and calls in
+  `straddle_calls` are still in flight when the next weight update arrives.
 
   Like the vLLM engine, a request runs on one set of weights: generation and weight loads take
   the same lock, so a load waits for the request in progress (in_flight_policy='finish').
   """
 
-  def __init__(self, table, eos_id, delay=0.0, hang_calls=(), hang_s=3.0, fail_on_call=None):
+  def __init__(self, table, eos_id, delay=0.0, hang_calls=(), hang_s=3.0, fail_on_call=None,
+               straddle_calls=()):
     super().__init__(table, eos_id)
     self.delay, self.hang_calls, self.hang_s, self.fail_on_call = delay, set(hang_calls), hang_s, fail_on_call
+    self.straddle_calls = set(straddle_calls)   # these wait for a weight update before sampling
     self.calls = self.finished = 0
     self.loads_while_generating = 0   # weight loads that arrived with a call in progress
     self._count_lock, self._engine_lock = threading.Lock(), threading.Lock()
@@ -65,7 +68,11 @@ class SlowGenerator(BigramGenerator):
     try:
       if call == self.fail_on_call:
         raise RuntimeError("engine exploded on purpose")
+      started_on = self._version
       time.sleep(self.hang_s if call in self.hang_calls else self.delay)
+      deadline = time.monotonic() + 30
+      while call in self.straddle_calls and self._version == started_on and time.monotonic() < deadline:
+        time.sleep(0.01)
       with self._engine_lock:
         self.ready = True   # the fake's refit-order check is the sync loop's business
         return super().generate(prompt_ids, n, sampling)

@@ -149,10 +149,10 @@ def test_a_hung_scoring_is_dropped(tokenizer, tmp_path):
 
 def test_abort_resubmits_groups_whose_weights_changed(tokenizer, tmp_path):
   config = async_config(**{**SMALL, "grpo.async_grpo.in_flight_policy": "abort"})
-  # Generation (1.5 s a call) is slower than a bigram step: the groups started after step 1's
-  # push are still in flight when step 2 pushes, so their weights change under them.
-  _, steps, log, (_, gen, _) = run(config, tokenizer, tmp_path, delay=1.5)
-  assert steps[-1]["async/resubmitted"] > 0
+  # Calls 0-3 fill the staleness allowance at version 0; calls 4 and 5 start after step 1's push
+  # and are made to last until step 2's push: their weights change under them.
+  _, steps, log, (_, gen, _) = run(config, tokenizer, tmp_path, straddle_calls={4, 5})
+  assert steps[-1]["async/resubmitted"] == 2
   # every resubmission is a fresh engine call (calls still in flight at the end are extra)
   assert gen.calls >= steps[-1]["buffer/added"] + steps[-1]["async/resubmitted"]
   assert steps[-1]["buffer/added"] >= 3 * 2
