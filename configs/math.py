@@ -1,8 +1,9 @@
 r"""Arithmetic GRPO: "What is 3 + 4?" -> reward 1 when the completion's last integer is right.
 
-The embedded default (variant `tiny`) shows learning on a 2-core CPU machine in ~15 minutes: a
-tiny Qwen2-style model made locally, a short SFT warm start on gold answers, then synchronous
-GRPO with CPU vLLM on single-digit additions (8 new tokens at most):
+The embedded default (variant `tiny`): a tiny Qwen2-style model made locally, an 85-step SFT warm
+start on gold answers, then 500 synchronous GRPO steps with CPU vLLM on single-digit additions
+(8 new tokens at most). Measured on a loaded 2-core machine (docs/learning.md): seed 0 validation
+accuracy 0.15 -> 0.45, train reward 0.20 -> 0.57, in 13 minutes:
 
   python -m dockyard.launch --config=configs/math.py --workdir=workdirs/math
 
@@ -87,6 +88,6 @@ def get_config(arg=None):
 def get_hyper(h):
   """The sweep: learning rate x group size."""
   return h.product([
-      h.sweep("config.optim.lr", [5e-5, 1e-4]),
+      h.sweep("config.optim.lr", [3e-4, 5e-4]),
       h.sweep("config.grpo.num_generations_per_prompt", [4, 8]),
   ])
