@@ -1,8 +1,9 @@
 r"""Arithmetic GRPO: "What is 3 + 4?" -> reward 1 when the completion's last integer is right.
 
-The embedded default (variant `tiny`) shows learning on a 2-core CPU machine in ~15 minutes: a
-tiny Qwen2-style model made locally, a short SFT warm start on gold answers, then synchronous
-GRPO with CPU vLLM on single-digit additions (8 new tokens at most):
+The embedded default (variant `tiny`): a tiny Qwen2-style model made locally, an 85-step SFT warm
+start on gold answers, then 500 synchronous GRPO steps with CPU vLLM on single-digit additions
+(8 new tokens at most). Measured on a loaded 2-core machine (docs/learning.md): seed 0 validation
+accuracy 0.15 -> 0.45, train reward 0.20 -> 0.57, in 13 minutes:
 
   python -m dockyard.launch --config=configs/math.py --workdir=workdirs/math
 
@@ -31,23 +32,28 @@ def get_config(arg=None):
   if tiny:
     c.policy.max_seq_len = 128
 
-  # optim: small steps on a tiny model.
-  c.optim.lr = 1e-6 if full else 1e-4
+  # optim: small steps on a big model; on the tiny one 5e-4 (1e-4 barely moves it in 250 steps,
+  # 1e-3 blew up: completions grew to max_new_tokens and entropy to ~5 nats).
+  c.optim.lr = 1e-6 if full else 5e-4
   c.optim.micro_batch_size = 4 if full else 32
+  # A constant rate after warmup. Why: the SFT warm start's steps advance the optimizer's step
+  # count, so a cosine schedule over grpo.max_num_steps is already (partly) decayed when GRPO
+  # starts (the first tiny run trained GRPO at lr * end_lr_factor throughout).
+  c.optim.end_lr_factor = 0.1 if full else 1.0
 
   # grpo: many short samples per step; no KL (its forward is skipped); sync loop by default.
-  c.grpo.num_prompts_per_step = 16 if full else 8
+  c.grpo.num_prompts_per_step = 16
   c.grpo.num_generations_per_prompt = 8
-  c.grpo.max_num_steps = 200 if full else 40
-  c.grpo.val_period = 10 if full else 5
+  c.grpo.max_num_steps = 200 if full else 500
+  c.grpo.val_period = 10 if full else 25
   c.grpo.max_val_samples = 100 if full else 20
   c.grpo.advantage.estimator = "grpo"
   c.grpo.advantage.leave_one_out = True
   c.grpo.dynamic_sampling = True        # a flat group (all right / all wrong) teaches nothing
   c.grpo.reward_shaping.malformed_penalty = 0.2
-  # Measured with an HF torch loop on this tiny model (greedy, 8 new tokens): 40 steps -> 3% train
-  # accuracy, 150 steps -> 47% train / 40% validation. ~100 leaves GRPO room to show a gain.
-  c.grpo.sft_warmup.steps = 0 if full else 100
+  # Measured in this loop (greedy validation on the 20 held-out sums): 50 SFT steps -> 0.10,
+  # 70 -> 0.05, 85 -> 0.15, 100 -> 0.35. 85 starts GRPO low but with rewards it can sample.
+  c.grpo.sft_warmup.steps = 0 if full else 85
   c.grpo.sft_warmup.lr = 1e-3
   c.grpo.sft_warmup.batch_size = 16
   c.grpo.async_grpo.enabled = bool(full and not arg.sync)
@@ -82,6 +88,6 @@ def get_config(arg=None):
 def get_hyper(h):
   """The sweep: learning rate x group size."""
   return h.product([
-      h.sweep("config.optim.lr", [5e-5, 1e-4]),
+      h.sweep("config.optim.lr", [3e-4, 5e-4]),
       h.sweep("config.grpo.num_generations_per_prompt", [4, 8]),
   ])

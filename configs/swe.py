@@ -134,6 +134,7 @@ def get_config(arg=None):
           rollout_timeout_s=600.0,
           score_timeout_s=600.0,
           on_timeout="drop",           # drop | retry
+          consume_in_order=False,      # True: train on the lowest-numbered prompts (reproducible)
       ),
   )
 

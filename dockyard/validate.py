@@ -24,9 +24,8 @@ class ConfigError(ValueError):
     self.key = key
 
 
-def load_config_file(spec: str) -> ml_collections.ConfigDict:
-  """Loads `path.py[:arg]` the way `config_flags` does (without absl flags)."""
-  path, _, arg = spec.partition(":")
+def load_config_module(path: str):
+  """Imports a config file as a module (its repo root on sys.path, so `from configs import swe` works)."""
   if not os.path.exists(path):
     raise ConfigError("(file)", f"config file {path!r} does not exist")
   module_spec = importlib.util.spec_from_file_location("_dockyard_config", path)
@@ -35,7 +34,13 @@ def load_config_file(spec: str) -> ml_collections.ConfigDict:
   if root not in sys.path:
     sys.path.insert(0, root)
   module_spec.loader.exec_module(module)
-  return module.get_config(arg or None)
+  return module
+
+
+def load_config_file(spec: str) -> ml_collections.ConfigDict:
+  """Loads `path.py[:arg]` the way `config_flags` does (without absl flags)."""
+  path, _, arg = spec.partition(":")
+  return load_config_module(path).get_config(arg or None)
 
 
 def _lookup(config: ml_collections.ConfigDict, key: str) -> Any:

@@ -9,7 +9,6 @@ so it goes through the same validation; its own workdir holds its config.json an
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import shlex
 import subprocess
@@ -31,12 +30,7 @@ _EXTRA = flags.DEFINE_multi_string("override", [], "Extra --config.* overrides f
 
 def load_trials(spec: str) -> list[h.Trial]:
   path = spec.partition(":")[0]
-  module_spec = importlib.util.spec_from_file_location("_dockyard_sweep_config", path)
-  module = importlib.util.module_from_spec(module_spec)
-  root = os.path.dirname(os.path.dirname(os.path.abspath(path)))
-  if root not in sys.path:
-    sys.path.insert(0, root)
-  module_spec.loader.exec_module(module)
+  module = validate.load_config_module(path)
   if not hasattr(module, "get_hyper"):
     raise SystemExit(f"error: {path} defines no get_hyper(h)")
   return module.get_hyper(h)

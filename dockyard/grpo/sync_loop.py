@@ -20,7 +20,7 @@ import logging
 import math
 import os
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -187,16 +187,21 @@ def refit(synchronizer) -> dict[str, float]:
   out = {}
   for k, v in sync_metrics.items():
     if isinstance(v, (int, float, np.number)) and not isinstance(v, bool):
-      out[f"refit/{k}"] = float(v)
+      out[k if k.startswith("refit/") else f"refit/{k}"] = float(v)   # WeightSynchronizer prefixes
   return out
 
 
 def run_validation(generator: Generator, env, tokenizer, tasks: Sequence[Mapping[str, Any]],
-                   sampling: SamplingParams, loop: asyncio.AbstractEventLoop,
+                   sampling: SamplingParams, loop: asyncio.AbstractEventLoop | Callable,
                    max_in_flight: int = 64) -> dict[str, float]:
-  """One completion per held-out task at the validation temperature; `val/*` metrics."""
+  """One completion per held-out task at the validation temperature; `val/*` metrics.
+
+  `loop` runs the scoring coroutine: an event loop, or a callable taking the coroutine (the async
+  loop scores on its collector's event loop, where the env's clients live).
+  """
   groups = collect_groups(generator, env, tokenizer, tasks, 1, sampling)
-  loop.run_until_complete(score_groups(env, groups, max_in_flight))
+  run = loop if callable(loop) else loop.run_until_complete
+  run(score_groups(env, groups, max_in_flight))
   rewards = [g.rewards[0] for g in groups]
   out = {"val/reward_mean": float(np.mean([r.value for r in rewards])),
          "val/malformed_fraction": float(np.mean([r.malformed for r in rewards])),
@@ -240,70 +245,147 @@ class TrainResult:
   resumed_from: int | None          # the step resumed from, None on a fresh start
 
 
+@dataclasses.dataclass
+class RunSettings:
+  """What both loops derive from the config before the first step."""
+  pg_loss: LossFn
+  nll: LossFn
+  kl_coef: float
+  is_cap: float | None
+  pad_id: int
+  max_in_flight: int
+  sampling: SamplingParams
+  val_sampling: SamplingParams
+
+  @classmethod
+  def build(cls, config, tokenizer, reference: Policy | None = None,
+            losses: tuple[LossFn, LossFn] | None = None) -> "RunSettings":
+    pg_loss, nll = losses or make_losses(config)
+    kl_coef = float(config.loss_fn.reference_policy_kl_penalty)
+    if kl_coef != 0 and reference is None:
+      raise ValueError("loss_fn.reference_policy_kl_penalty != 0 needs a reference policy (reference=...)")
+    is_cap = (float(config.loss_fn.truncated_importance_sampling_ratio)
+              if config.loss_fn.use_importance_sampling_correction else None)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    r = config.rollout
+    return cls(pg_loss=pg_loss, nll=nll, kl_coef=kl_coef, is_cap=is_cap, pad_id=pad_id,
+               max_in_flight=int(config.env.code.max_in_flight) if "code" in config.env else 64,
+               sampling=SamplingParams(temperature=r.temperature, top_p=r.top_p, max_tokens=r.max_new_tokens),
+               val_sampling=SamplingParams(temperature=r.val_temperature, top_p=1.0,
+                                           max_tokens=r.max_new_tokens, seed=config.run.seed))
+
+  def train(self, policy: Policy, groups: Sequence[Group], reference: Policy | None) -> dict[str, float]:
+    return train_on_groups(policy, groups, self.pg_loss, pad_id=self.pad_id, kl_coef=self.kl_coef,
+                           reference=reference, is_cap=self.is_cap)
+
+
+class Validator:
+  """Validation every `val_period` steps and the best-k checkpoints it feeds."""
+
+  def __init__(self, config, policy: Policy, generator: Generator, env, tokenizer,
+               val_tasks: Sequence[Mapping[str, Any]], settings: RunSettings, ckpt_root: str, run_coro):
+    self.config, self.policy, self.generator, self.env, self.tokenizer = config, policy, generator, env, tokenizer
+    self.tasks = list(val_tasks)[:config.grpo.max_val_samples]
+    self.settings, self.run_coro = settings, run_coro
+    ck = config.checkpoint
+    self.best = checkpoints.BestK(ckpt_root, ck.keep_top_k, ck.metric_mode)
+    self.history: list[dict] = []
+
+  def due(self, step: int) -> bool:
+    p = self.config.grpo.val_period
+    return bool(self.tasks) and p > 0 and step % p == 0
+
+  def __call__(self, step: int) -> dict:
+    ck, times = self.config.checkpoint, {}
+    with _timed(times, "validate"):
+      val = run_validation(self.generator, self.env, self.tokenizer, self.tasks, self.settings.val_sampling,
+                           self.run_coro, self.settings.max_in_flight)
+    val.update(times)
+    self.history.append({"step": step, **val})
+    if ck.enabled:
+      if ck.metric not in val:
+        raise ValueError(f"config.checkpoint.metric {ck.metric!r} is not a validation metric of "
+                         f"env {self.config.env.name!r}; it reports {sorted(val)}")
+      val["checkpoint/saved_best"] = float(self.best.offer(step, val[ck.metric], self.policy.save))
+    return val
+
+
+def start_run(config, *, policy: Policy, synchronizer, env, tokenizer, train_tasks, writer, nll: LossFn,
+              ckpt_root: str) -> tuple[int, dict | None]:
+  """Resumes from ckpt_root/latest or warm-starts with SFT, then refits the engine if the policy
+  changed; returns (start step, the resumed loop_state or None)."""
+  g = config.grpo
+  latest = checkpoints.load_latest(ckpt_root) if config.checkpoint.enabled else None
+  if latest is not None:
+    path, state = latest
+    policy.restore(path)
+    log.info("resumed from %s at step %d", path, int(state["step"]))
+  elif g.sft_warmup.steps > 0:
+    sw = g.sft_warmup
+    sft_warmup(policy, env, tokenizer, train_tasks, steps=sw.steps, batch_size=sw.batch_size, lr=sw.lr,
+               loss_fn=nll, seed=config.run.seed, pad_multiple=PAD_MULTIPLE,
+               on_step=lambda i, m: writer.write(i, {f"sft/{k}": v for k, v in m.items()}))
+  if latest is not None or g.sft_warmup.steps > 0:
+    refit(synchronizer)   # the engine still holds the initial weights
+  return (int(latest[1]["step"]), latest[1]) if latest is not None else (0, None)
+
+
+class Progress:
+  """A tqdm bar (or log lines) with the live step summary."""
+
+  def __init__(self, enabled: bool, total: int, initial: int, desc: str):
+    self.bar = None
+    if enabled:
+      from tqdm import tqdm
+      self.bar = tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True)
+
+  def update(self, step: int, metrics: Mapping[str, float]) -> None:
+    line = _live_line(step, metrics)
+    if self.bar is None:
+      log.info(line)
+    else:
+      self.bar.set_postfix_str(line.split(" ", 2)[2], refresh=False)
+      self.bar.update(1)
+
+  def close(self) -> None:
+    if self.bar is not None:
+      self.bar.close()
+
+
+def plot_run(config, workdir: str) -> None:
+  if config.logging.png_curve and os.path.exists(os.path.join(workdir, "metrics.jsonl")):
+    workdir_lib.plot_curves(os.path.join(workdir, "metrics.jsonl"), os.path.join(workdir, "curves.png"),
+                            ("reward/raw_mean", config.checkpoint.metric, "groups/zero_variance_fraction",
+                             "train/clip_fraction", "rollout/completion_len_mean"),
+                            title=config.run.name)
+
+
 def grpo_train(config, *, policy: Policy, generator: Generator, synchronizer, env, tokenizer,
                train_tasks: Sequence[Mapping[str, Any]], val_tasks: Sequence[Mapping[str, Any]],
                workdir: str, reference: Policy | None = None,
                losses: tuple[LossFn, LossFn] | None = None, progress: bool = True) -> TrainResult:
   """Synchronous GRPO for `config.grpo.max_num_steps` steps; resumes from workdir/checkpoints."""
   g, ck = config.grpo, config.checkpoint
-  pg_loss, nll = losses or make_losses(config)
-  kl_coef = float(config.loss_fn.reference_policy_kl_penalty)
-  if kl_coef != 0 and reference is None:
-    raise ValueError("loss_fn.reference_policy_kl_penalty != 0 needs a reference policy (reference=...)")
-  is_cap = (float(config.loss_fn.truncated_importance_sampling_ratio)
-            if config.loss_fn.use_importance_sampling_correction else None)
-  pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-  max_in_flight = int(config.env.code.max_in_flight) if "code" in config.env else 64
-  r = config.rollout
-  sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, max_tokens=r.max_new_tokens)
-  val_sampling = SamplingParams(temperature=r.val_temperature, top_p=1.0, max_tokens=r.max_new_tokens,
-                                seed=config.run.seed)
-  val_tasks = list(val_tasks)[:g.max_val_samples]
+  settings = RunSettings.build(config, tokenizer, reference, losses)
+  sampling = settings.sampling
   ckpt_root = os.path.join(workdir, "checkpoints")
   os.makedirs(ckpt_root, exist_ok=True)
-  best = checkpoints.BestK(ckpt_root, ck.keep_top_k, ck.metric_mode)
   sampler = PromptSampler(train_tasks, seed=config.data.shuffle_seed)
   writer = workdir_lib.MetricWriter(workdir, tensorboard=config.logging.tensorboard)
   loop = asyncio.new_event_loop()
-  val_history: list[dict] = []
+  validator = Validator(config, policy, generator, env, tokenizer, val_tasks, settings, ckpt_root,
+                        loop.run_until_complete)
   metrics: dict[str, float] = {}
 
-  def validate_and_keep(step: int) -> dict:
-    val_times: dict[str, float] = {}
-    with _timed(val_times, "validate"):
-      val = run_validation(generator, env, tokenizer, val_tasks, val_sampling, loop, max_in_flight)
-    val.update(val_times)
-    val_history.append({"step": step, **val})
-    if ck.enabled:
-      if ck.metric not in val:
-        raise ValueError(f"config.checkpoint.metric {ck.metric!r} is not a validation metric of "
-                         f"env {config.env.name!r}; it reports {sorted(val)}")
-      val["checkpoint/saved_best"] = float(best.offer(step, val[ck.metric], policy.save))
-    return val
-
-  start, resumed_from = 0, None
   try:
-    latest = checkpoints.load_latest(ckpt_root) if ck.enabled else None
-    if latest is not None:
-      path, state = latest
-      policy.restore(path)
-      start = resumed_from = int(state["step"])
+    start, state = start_run(config, policy=policy, synchronizer=synchronizer, env=env, tokenizer=tokenizer,
+                             train_tasks=train_tasks, writer=writer, nll=settings.nll, ckpt_root=ckpt_root)
+    if state is not None:
       sampler.load(state["sampler"])
-      log.info("resumed from %s at step %d", path, start)
-    elif g.sft_warmup.steps > 0:
-      sw = g.sft_warmup
-      sft_warmup(policy, env, tokenizer, train_tasks, steps=sw.steps, batch_size=sw.batch_size, lr=sw.lr,
-                 loss_fn=nll, seed=config.run.seed, pad_multiple=PAD_MULTIPLE,
-                 on_step=lambda i, m: writer.write(i, {f"sft/{k}": v for k, v in m.items()}))
-    if latest is not None or g.sft_warmup.steps > 0:
-      refit(synchronizer)   # the engine still holds the initial weights
-    if g.val_at_start and start == 0 and val_tasks:
-      writer.write(0, validate_and_keep(0))
+    if g.val_at_start and start == 0 and validator.tasks:
+      writer.write(0, validator(0))
 
-    bar = None
-    if progress:
-      from tqdm import tqdm
-      bar = tqdm(total=g.max_num_steps, initial=start, desc="grpo", dynamic_ncols=True)
+    bar = Progress(progress, g.max_num_steps, start, "grpo")
     for step in range(start + 1, g.max_num_steps + 1):
       times: dict[str, float] = {}
       t_step = time.perf_counter()
@@ -312,44 +394,33 @@ def grpo_train(config, *, policy: Policy, generator: Generator, synchronizer, en
       with _timed(times, "generate"):
         groups = collect_groups(generator, env, tokenizer, tasks, g.num_generations_per_prompt, sampling)
       with _timed(times, "score"):
-        loop.run_until_complete(score_groups(env, groups, max_in_flight))
+        loop.run_until_complete(score_groups(env, groups, settings.max_in_flight))
       kept, metrics = assign_advantages(groups, config)
       metrics.update(rollout_stats(groups, times["time/generate"]))
       if kept:
         with _timed(times, "train"):
-          metrics.update(train_on_groups(policy, kept, pg_loss, pad_id=pad_id, kl_coef=kl_coef,
-                                         reference=reference, is_cap=is_cap))
+          metrics.update(settings.train(policy, kept, reference))
         with _timed(times, "refit"):
           metrics.update(refit(synchronizer))
       else:   # every group was flat and dynamic sampling dropped them all: nothing to learn
         metrics["train/skipped"] = 1.0
       metrics["weight_version"] = float(synchronizer.version)
-      if g.val_period > 0 and step % g.val_period == 0 and val_tasks:
-        metrics.update(validate_and_keep(step))
+      if validator.due(step):
+        metrics.update(validator(step))
       if ck.enabled and (step % ck.save_period == 0 or step == g.max_num_steps):
         with _timed(times, "checkpoint"):
           checkpoints.save_latest(ckpt_root, policy.save, dict(step=step, sampler=sampler.state()))
       times["time/step"] = time.perf_counter() - t_step
       metrics.update(times)
       writer.write(step, metrics)
-      line = _live_line(step, metrics)
-      if bar is not None:
-        bar.set_postfix_str(line.split(" ", 2)[2], refresh=False)
-        bar.update(1)
-      else:
-        log.info(line)
-    if bar is not None:
-      bar.close()
+      bar.update(step, metrics)
+    bar.close()
   finally:
     writer.close()
     try:
       loop.run_until_complete(env.close())
     finally:
       loop.close()
-  if config.logging.png_curve and os.path.exists(os.path.join(workdir, "metrics.jsonl")):
-    workdir_lib.plot_curves(os.path.join(workdir, "metrics.jsonl"), os.path.join(workdir, "curves.png"),
-                            ("reward/raw_mean", ck.metric, "groups/zero_variance_fraction",
-                             "train/clip_fraction", "rollout/completion_len_mean"),
-                            title=config.run.name)
-  return TrainResult(steps=max(start, g.max_num_steps), last_metrics=metrics, val_history=val_history,
-                     best=best.best, resumed_from=resumed_from)
+  plot_run(config, workdir)
+  return TrainResult(steps=max(start, g.max_num_steps), last_metrics=metrics, val_history=validator.history,
+                     best=validator.best.best, resumed_from=start if state is not None else None)

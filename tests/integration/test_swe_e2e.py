@@ -17,6 +17,7 @@ from dockyard.grpo.batch import encode_prompt
 from dockyard.grpo.sft import sft_warmup
 from dockyard.grpo.sync_loop import grpo_train, make_losses, refit
 from dockyard.policy import TrainBatch
+from tests.integration.swe_parts import parts  # noqa: F401 — the session fixture
 
 SFT_STEPS = 60   # two tasks, batch 2: well-formed patches (40 steps on four tasks: all malformed)
 

@@ -1,0 +1,87 @@
+"""Shared by the async tests and their subprocess runner: a small math config, a learnable env,
+and generators that are slow, hang or fail on purpose (around the JAX bigram fakes)."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from dockyard import validate
+from dockyard.envs.base import Reward
+from dockyard.envs.math import MathEnv
+
+from grpo_fakes import BigramGenerator
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def async_config(**over):
+  c = validate.load_config_file(os.path.join(ROOT, "configs/math.py"))
+  c.grpo.async_grpo.enabled = True
+  c.grpo.num_prompts_per_step, c.grpo.num_generations_per_prompt = 4, 8
+  c.grpo.max_num_steps, c.grpo.val_period, c.grpo.max_val_samples = 12, 0, 8
+  c.grpo.val_at_start = False
+  c.grpo.sft_warmup.steps = 0
+  c.grpo.dynamic_sampling = False
+  c.rollout.max_new_tokens = 6
+  c.checkpoint.metric, c.checkpoint.save_period, c.checkpoint.keep_top_k = "val/reward_mean", 4, 2
+  c.logging.tensorboard, c.logging.png_curve = False, False
+  for k, v in over.items():
+    node = c
+    *path, last = k.split(".")
+    for p in path:
+      node = node[p]
+    node[last] = v
+  validate.validate(c)
+  return c
+
+
+class FirstDigitEnv(MathEnv):
+  """Reward 1 when the completion starts with a digit: learnable by a bigram policy."""
+
+  async def score(self, task, completion):
+    return Reward(float(completion.lstrip()[:1].isdigit()), malformed=not completion.strip())
+
+
+class SlowGenerator(BigramGenerator):
+  """The bigram sampler with a delay per call; call numbers in `hang_calls` sleep `hang_s`
+  instead (a hung engine), call `fail_on_call` raises (a broken one), and calls in
+  `straddle_calls` are still in flight when the next weight update arrives.
+
+  Like the vLLM engine, a request runs on one set of weights: generation and weight loads take
+  the same lock, so a load waits for the request in progress (in_flight_policy='finish').
+  """
+
+  def __init__(self, table, eos_id, delay=0.0, hang_calls=(), hang_s=3.0, fail_on_call=None,
+               straddle_calls=()):
+    super().__init__(table, eos_id)
+    self.delay, self.hang_calls, self.hang_s, self.fail_on_call = delay, set(hang_calls), hang_s, fail_on_call
+    self.straddle_calls = set(straddle_calls)   # these wait for a weight update before sampling
+    self.calls = self.finished = 0
+    self.loads_while_generating = 0   # weight loads that arrived with a call in progress
+    self._count_lock, self._engine_lock = threading.Lock(), threading.Lock()
+
+  def generate(self, prompt_ids, n, sampling):
+    with self._count_lock:
+      call = self.calls
+      self.calls += 1
+    try:
+      if call == self.fail_on_call:
+        raise RuntimeError("engine exploded on purpose")
+      started_on = self._version
+      time.sleep(self.hang_s if call in self.hang_calls else self.delay)
+      deadline = time.monotonic() + 30
+      while call in self.straddle_calls and self._version == started_on and time.monotonic() < deadline:
+        time.sleep(0.01)
+      with self._engine_lock:
+        self.ready = True   # the fake's refit-order check is the sync loop's business
+        return super().generate(prompt_ids, n, sampling)
+    finally:
+      with self._count_lock:
+        self.finished += 1
+
+  def update_weights(self, named_tensors, version):
+    with self._count_lock:
+      self.loads_while_generating += self.calls > self.finished
+    with self._engine_lock:
+      super().update_weights(named_tensors, version)

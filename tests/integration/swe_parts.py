@@ -1,0 +1,66 @@
+"""The SWE end-to-end test's session fixture: the real parts the launcher builds (local Ray, the
+local sandbox executor fleet, CPU vLLM as a Ray actor, the JAX trainer, the weight synchronizer with
+its canary), built once through `dockyard.runner`'s own helpers and torn down at the end."""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Any
+
+import pytest
+
+from configs import swe
+
+
+@dataclasses.dataclass
+class Parts:
+  config: Any
+  tokenizer: Any
+  env: Any
+  train_tasks: list
+  policy: Any
+  generator: Any
+  synchronizer: Any
+
+
+def e2e_config():
+  """The tiny default, shortened: sync GRPO, no validation or checkpoints, pass_rate reward (a patch
+  that applies keeps PASS_TO_PASS passing, so groups differ before anything resolves)."""
+  c = swe.get_config("sync")
+  c.grpo.max_num_steps = 2
+  c.optim.warmup_steps = 1             # the schedule needs decay steps (= max_num_steps) > warmup
+  c.grpo.num_prompts_per_step = 2
+  c.grpo.num_generations_per_prompt = 8
+  # T=1: after the SFT the model is peaked; at the default 0.7 each group came out flat (one task
+  # always right, one always wrong); T=1 sampling varies the patches within a group.
+  c.rollout.temperature = 1.0
+  c.grpo.val_at_start = False
+  c.grpo.val_period = 0
+  c.grpo.sft_warmup.steps = 0          # the test runs its own short SFT on two tasks
+  c.env.code.reward = "pass_rate"
+  c.checkpoint.enabled = False
+  c.logging.tensorboard = False
+  c.logging.png_curve = False
+  c.rollout.max_model_len = 1024
+  return c
+
+
+@pytest.fixture(scope="session")
+def parts():
+  from dockyard import policy_factory, ray_utils, runner
+  from dockyard.refit.synchronizer import create_weight_synchronizer
+  from dockyard.rollout.fleet import RolloutFleet
+  import transformers
+
+  config = e2e_config()
+  with contextlib.ExitStack() as stack:
+    ray = ray_utils.init_ray(config.run.ray_address)
+    stack.callback(ray.shutdown)
+    model_path = runner.resolve_model(config)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)
+    env, train, _, _ = runner.build_env(config, tokenizer, stack)
+    policy = policy_factory.make_policy(config, model_path)
+    generator = RolloutFleet(config, model_path)
+    stack.callback(generator.shutdown)
+    synchronizer = create_weight_synchronizer(config, policy, generator)
+    yield Parts(config, tokenizer, env, train, policy, generator, synchronizer)
