@@ -182,6 +182,7 @@ def get_config(arg=None):
       launch_local_fleet=True,   # start executors as Ray actors when env.code.sandbox_urls is empty
       num_executors=8 if full else 1,
       slots=0,                   # concurrent runs per executor; 0: the node's cores
+      cpus_per_executor=0.0,     # the executor's Ray CPU reservation; 0: max(slots, 1)
       port=9090,
       queue_size=1024,
       cache_dir="",              # '' : ~/.cache/dockyard/sandbox

@@ -117,7 +117,7 @@ def start_local_fleet(config, repos_dir: str | None = None, cache_dir: str | Non
   local = not (config.run.get("ray_address", "") if "run" in config else "")
   # The same bundles the launcher's plan prints: the executor's own CPUs. Its sandboxes are
   # ordinary processes on that node, limited by `slots`, not by Ray.
-  cpus = max(int(sb.slots), 1)
+  cpus = float(sb.cpus_per_executor) if sb.get("cpus_per_executor", 0) > 0 else max(int(sb.slots), 1)
   pg = placement_group([{"CPU": cpus}] * n, strategy="SPREAD")
   ray.get(pg.ready(), timeout=120)
   actor_cls = ray.remote(num_cpus=cpus)(_ExecutorServer)

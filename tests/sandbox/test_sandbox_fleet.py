@@ -15,6 +15,8 @@ def fleet(workspace):
   config = swe.get_config("tiny")
   config.sandbox.num_executors = 2
   config.sandbox.slots = 1
+  # Other rooms' session fixtures (vLLM engine actors) may hold some of this Ray's CPUs.
+  config.sandbox.cpus_per_executor = 0.25
   urls, handle = start_local_fleet(config, repos_dir=workspace["repos"],
                                    cache_dir=workspace["cache"])
   yield urls, handle
