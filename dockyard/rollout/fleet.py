@@ -276,6 +276,8 @@ class RolloutFleet(Generator):
 
   def shutdown(self) -> None:
     from ray.util.placement_group import remove_placement_group
+    if not self._ray.is_initialized():
+      return   # Ray is already down: its actors and placement groups went with it
     for a in self.actors:
       self._ray.kill(a)
     for pg in self.placement_groups:

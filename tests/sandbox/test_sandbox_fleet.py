@@ -11,7 +11,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
 
 @pytest.fixture(scope="module")
 def fleet(workspace):
-  import ray
   config = swe.get_config("tiny")
   config.sandbox.num_executors = 2
   config.sandbox.slots = 1
@@ -20,8 +19,7 @@ def fleet(workspace):
   urls, handle = start_local_fleet(config, repos_dir=workspace["repos"],
                                    cache_dir=workspace["cache"])
   yield urls, handle
-  handle.shutdown()
-  ray.shutdown()
+  handle.shutdown()   # Ray itself stays up: other rooms' session fixtures may still use it
 
 
 async def test_local_fleet_grades_tasks(fleet, workspace):
