@@ -11,7 +11,8 @@ On a GPU cluster (Qwen2.5-7B-Instruct, 4 nodes x 8 GPUs, 3 trainer + 1 inference
       --config.grpo.num_prompts_per_step=32 --workdir=/path/to/workdir
 
 Variants (the `:arg` string): `tiny` (default) | `full`; `torch` selects the PyTorch trainer;
-`sync` turns async GRPO off. Combine with commas: `:full,torch`.
+`sync` turns async GRPO off in `full` (tiny runs sync; `--config.grpo.async_grpo.enabled=True`
+turns it on there). Combine with commas: `:full,torch`.
 Print the plan without starting anything: `--config.run.dry_run=True`.
 Sweep: `python -m launch.sweep --config=configs/swe.py:tiny --dry_run`.
 """
@@ -126,7 +127,7 @@ def get_config(arg=None):
           batch_size=8,
       ),
       async_grpo=dict(
-          enabled=not arg.sync,
+          enabled=full and not arg.sync,   # tiny: sync (the measured recipe, docs/swe_default.md)
           max_trajectory_age_steps=1,
           in_flight_weight_updates=True,
           in_flight_policy="finish",   # finish (on old weights) | abort (and resubmit)

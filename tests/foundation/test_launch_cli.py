@@ -31,7 +31,9 @@ def launch(*args, module="dockyard.launch"):
     ("--config.mesh.shape=(2,2,1)", "config.mesh.shape", "multiplies to 4"),
 ])
 def test_misconfiguration_names_the_key(override, key, words):
-  result = launch("--config=configs/swe.py", override, "--config.run.dry_run=True")
+  # async GRPO is on in `full` (and in tiny with grpo.async_grpo.enabled=True)
+  result = launch("--config=configs/swe.py", "--config.grpo.async_grpo.enabled=True", override,
+                  "--config.run.dry_run=True")
   assert result.returncode != 0
   err = result.stderr.strip().splitlines()[-1]
   assert err.startswith(f"error: {key}"), result.stderr
