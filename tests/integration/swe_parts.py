@@ -45,7 +45,7 @@ def e2e_config():
   return c
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def parts():
   from dockyard import policy_factory, ray_utils, runner
   from dockyard.refit.synchronizer import create_weight_synchronizer
@@ -54,8 +54,9 @@ def parts():
 
   config = e2e_config()
   with contextlib.ExitStack() as stack:
-    ray = ray_utils.init_ray(config.run.ray_address)
-    stack.callback(ray.shutdown)
+    # Ray stays up for other rooms' session fixtures; this module's actors (vLLM engine, sandbox
+    # executor) are shut down at its end so they do not hold the CPUs later fleets reserve.
+    ray_utils.init_ray(config.run.ray_address)
     model_path = runner.resolve_model(config)
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)
     env, train, _, _ = runner.build_env(config, tokenizer, stack)
