@@ -20,20 +20,13 @@ from typing import Any, Callable, Mapping
 
 import unidiff
 
+from dockyard.data import repos
 from dockyard.envs import patch_extract
 from dockyard.envs.base import Environment, Reward
 
 SYSTEM_PROMPT = (
     "You fix bugs in Python repositories. Answer with a unified diff (git format, paths relative to "
     "the repository root, a/ and b/ prefixes) inside one ```diff fenced block.")
-
-
-def repo_dir(repos_dir: str, repo: str) -> str:
-  return os.path.join(repos_dir, repo.replace("/", "__"))
-
-
-def default_repos_dir() -> str:
-  return os.environ.get("DOCKYARD_REPOS_DIR", os.path.expanduser("~/.cache/dockyard/repos"))
 
 
 def gold_hunk_lines(gold_patch: str) -> dict[str, list[tuple[int, int]]]:
@@ -115,12 +108,12 @@ class SweEnv(Environment):
     self.count_tokens = count_tokens
     self.budget = prompt_token_budget
     self.reward = reward
-    self.repos_dir = repos_dir or default_repos_dir()
+    self.repos_dir = repos_dir or repos.default_repos_dir()
     self.gold_context = gold_context
     self.issue_budget = issue_token_budget
 
   def _reader(self, task: Mapping[str, Any]) -> Callable[[str], str | None]:
-    root = repo_dir(self.repos_dir, task["repo"])
+    root = os.path.join(self.repos_dir, repos.repo_dirname(task["repo"]))
 
     def read(path: str) -> str | None:
       out = subprocess.run(["git", "-C", root, "show", f"{task['base_commit']}:{path}"],
