@@ -36,9 +36,7 @@ def get_config(arg=None):
   # 1e-3 blew up: completions grew to max_new_tokens and entropy to ~5 nats).
   c.optim.lr = 1e-6 if full else 5e-4
   c.optim.micro_batch_size = 4 if full else 32
-  # A constant rate after warmup. Why: the SFT warm start's steps advance the optimizer's step
-  # count, so a cosine schedule over grpo.max_num_steps is already (partly) decayed when GRPO
-  # starts (the first tiny run trained GRPO at lr * end_lr_factor throughout).
+  # tiny: constant (no warmup, inherited from swe tiny), the rate the measured runs trained at.
   c.optim.end_lr_factor = 0.1 if full else 1.0
 
   # grpo: many short samples per step; no KL (its forward is skipped); sync loop by default.

@@ -35,19 +35,24 @@ def lr_schedule(optim: Mapping[str, Any], total_steps: int) -> optax.Schedule:
 
 def make_tx(optim: Mapping[str, Any], total_steps: int) -> optax.GradientTransformation:
   """Global-norm clipping + AdamW on the schedule. `lr_override` >= 0 replaces the schedule
-  (the SFT warm start runs at its own constant rate); it lives in the optimizer state, so
-  changing it neither recompiles nor loses Adam's moments."""
+  (the SFT warm start runs at its own constant rate); steps taken under an override do not
+  advance the schedule (`schedule_offset` counts them), so GRPO after a warm start begins at the
+  schedule's step 0. Both live in the optimizer state: changing them neither recompiles nor
+  loses Adam's moments, and checkpoints carry them."""
   schedule = lr_schedule(optim, total_steps)
 
-  def build(lr_override):
+  def build(lr_override, schedule_offset, override_start):
+    del override_start   # bookkeeping for set_lr_override; not used by the update
+
     def lr(count):
-      return jnp.where(lr_override >= 0, lr_override, schedule(count))
+      return jnp.where(lr_override >= 0, lr_override, schedule(count - schedule_offset))
     return optax.chain(
         optax.clip_by_global_norm(float(optim["max_grad_norm"])),
         optax.adamw(lr, b1=float(optim["b1"]), b2=float(optim["b2"]), eps=float(optim["eps"]),
                     weight_decay=float(optim["weight_decay"])),
     )
-  return optax.inject_hyperparams(build)(lr_override=-1.0)
+  return optax.inject_hyperparams(build)(
+      lr_override=-1.0, schedule_offset=np.zeros((), np.int32), override_start=np.zeros((), np.int32))
 
 
 def make_optimizer(model: Decoder, optim: Mapping[str, Any], total_steps: int, mesh=None) -> nnx.Optimizer:
@@ -65,18 +70,37 @@ def make_optimizer(model: Decoder, optim: Mapping[str, Any], total_steps: int, m
   return optimizer
 
 
+def _hyper(optimizer: nnx.Optimizer, name: str):
+  return optimizer.opt_state.hyperparams[name]
+
+
 def current_lr(optimizer: nnx.Optimizer, optim: Mapping[str, Any], total_steps: int) -> float:
-  override = float(optimizer.opt_state.hyperparams["lr_override"][...])
+  """The rate the next step will use: the override, or the schedule at (step - schedule_offset)."""
+  override = float(_hyper(optimizer, "lr_override")[...])
   if override >= 0:
     return override
-  return float(lr_schedule(optim, total_steps)(int(optimizer.step[...])))
+  count = int(optimizer.step[...]) - int(_hyper(optimizer, "schedule_offset")[...])
+  return float(lr_schedule(optim, total_steps)(count))
+
+
+def _set_hyper(optimizer: nnx.Optimizer, name: str, value) -> None:
+  var = _hyper(optimizer, name)
+  old = var.get_value()
+  # Same dtype and placement as before, so the jitted step sees an identical input type.
+  var.set_value(jax.device_put(np.asarray(value, old.dtype), old.sharding))
 
 
 def set_lr_override(optimizer: nnx.Optimizer, lr: float | None) -> None:
-  var = optimizer.opt_state.hyperparams["lr_override"]
-  old = var.get_value()
-  # Same dtype and placement as before, so the jitted step sees an identical input type.
-  var.set_value(jax.device_put(np.asarray(-1.0 if lr is None else float(lr), old.dtype), old.sharding))
+  """A constant rate (None: back to the schedule). The steps taken under it are added to
+  `schedule_offset` when it is lifted, so they do not count as schedule steps."""
+  step = int(optimizer.step[...])
+  active = float(_hyper(optimizer, "lr_override")[...]) >= 0
+  if lr is not None and not active:
+    _set_hyper(optimizer, "override_start", step)
+  elif lr is None and active:
+    offset = int(_hyper(optimizer, "schedule_offset")[...])
+    _set_hyper(optimizer, "schedule_offset", offset + step - int(_hyper(optimizer, "override_start")[...]))
+  _set_hyper(optimizer, "lr_override", -1.0 if lr is None else float(lr))
 
 
 def _tree_add(a, b):

@@ -114,6 +114,10 @@ class TorchPolicy(Policy):
     self.optimizer = optim.make_optimizer(model.parameters(), self._optim)
     self._step = 0
     self._lr_override: float | None = None
+    # Steps taken under an override do not advance the schedule (as in JaxPolicy): they are
+    # added to the offset when the override is lifted.
+    self._schedule_offset = 0
+    self._override_start = 0
     self._checkpointers: dict[str, checkpoint.Checkpointer] = {}
 
   @classmethod
@@ -129,6 +133,10 @@ class TorchPolicy(Policy):
     Same call as `JaxPolicy.set_lr`; it is saved with the checkpoint, as on the JAX side."""
     if lr is not None and not (lr >= 0 and math.isfinite(lr)):
       raise ValueError(f"learning rate must be a finite number >= 0, got {lr}")
+    if lr is not None and self._lr_override is None:
+      self._override_start = self._step
+    elif lr is None and self._lr_override is not None:
+      self._schedule_offset += self._step - self._override_start
     self._lr_override = None if lr is None else float(lr)
 
   set_learning_rate = set_lr  # the name the GRPO loop's SFT warm start calls (dockyard.grpo.sft)
@@ -194,7 +202,7 @@ class TorchPolicy(Policy):
     norm = optim.global_norm(grads)
     optim.clip_(grads, norm, float(self._optim["max_grad_norm"]))
     lr = self._lr_override if self._lr_override is not None else optim.lr_at(
-        self._step, self._optim, self._total_steps)
+        self._step - self._schedule_offset, self._optim, self._total_steps)
     for group in self.optimizer.param_groups:
       group["lr"] = lr
     self.optimizer.step()
@@ -244,13 +252,17 @@ class TorchPolicy(Policy):
   def save(self, directory: str, *, data_iter=None, metrics=None) -> None:
     """Saves model, AdamW state and step as `directory/<step>/` (DCP)."""
     self.checkpointer(directory).save(self._step, self.model, self.optimizer, data_iter=data_iter,
-                                      metrics=metrics, extra={"lr_override": self._lr_override})
+                                      metrics=metrics, extra={"lr_override": self._lr_override,
+                                             "schedule_offset": self._schedule_offset,
+                                             "override_start": self._override_start})
 
   def restore(self, directory: str, *, data_iter=None, step: int | None = None) -> dict:
     """Restores the latest (or `step`) checkpoint under `directory`; returns its bookkeeping."""
     meta = self.checkpointer(directory).restore(self.model, self.optimizer, step=step, data_iter=data_iter)
     self._step = int(meta["step"])
     self._lr_override = meta.get("lr_override")
+    self._schedule_offset = int(meta.get("schedule_offset", 0))
+    self._override_start = int(meta.get("override_start", 0))
     return meta
 
 

@@ -134,9 +134,10 @@ import json, os, stat
 fake = "".join(json.dumps(dict(event="report", nodeid=n, when="call", outcome="passed",
                                wasxfail=False, raw="passed")) + "\\n"
                for n in ("tests/test_calc.py::test_add", "tests/test_new.py::test_new_add"))
-for fd in range(3, 64):
+# Every pipe this process holds, whatever its number (the executor's fd numbers vary by host).
+for fd in sorted(int(n) for n in os.listdir("/proc/self/fd")):
   try:
-    if stat.S_ISFIFO(os.fstat(fd).st_mode):
+    if fd > 2 and stat.S_ISFIFO(os.fstat(fd).st_mode):
       os.write(fd, ("PASSED tests/test_calc.py::test_add\\n" + fake).encode())
   except OSError:
     pass
@@ -153,7 +154,7 @@ _r.TestReport.from_item_and_call = classmethod(_fake)
 SOURCE_SKIP = "import pytest\npytest.skip('not today', allow_module_level=True)\n"
 HUGE_STDOUT = """
 import os, stat
-for fd in (1, 2) + tuple(range(3, 64)):
+for fd in sorted(int(n) for n in os.listdir("/proc/self/fd")):
   try:
     if stat.S_ISFIFO(os.fstat(fd).st_mode):
       for _ in range(40):

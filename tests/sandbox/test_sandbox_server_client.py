@@ -117,7 +117,10 @@ async def test_killing_an_executor_mid_batch_loses_nothing(workspace, tmp_path):
   a = start_local_executor(slots=1, repos_dir=workspace["repos"], cache_dir=workspace["cache"])
   b = start_local_executor(slots=1, repos_dir=workspace["repos"], cache_dir=workspace["cache"])
   try:
-    tasks = [rf.task(workspace["base"], rf.gold_patch(), instance_id=f"fo-{i}") for i in range(6)]
+    # Each run takes >= 1 s (the fix sleeps at import), so the batch of 6 on 2 one-slot executors
+    # is still running when one is killed, however fast the machine.
+    slow_fix = rf.src_patch(rf.CORE_FIXED + "\n\nimport time\ntime.sleep(1.0)\n")
+    tasks = [rf.task(workspace["base"], slow_fix, instance_id=f"fo-{i}") for i in range(6)]
     async with SandboxClient([a.url, b.url], request_timeout_s=180, max_in_flight=6,
                              wait_s=5) as client:
       batch = asyncio.ensure_future(client.run_many(tasks))

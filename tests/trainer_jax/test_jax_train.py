@@ -93,7 +93,7 @@ def test_same_bucket_does_not_recompile_and_lr_follows_schedule(tiny_models, con
   compiles = []
   jax.monitoring.register_event_duration_secs_listener(
       lambda event, secs, **kw: compiles.append(event) if event == "/jax/core/compile/backend_compile_duration" else None)
-  policy = _policy(tiny_models["qwen3"], config, warmup_steps=2, lr=1e-3)
+  policy = _policy(tiny_models["qwen3"], config, warmup_steps=2, lr=1e-3, end_lr_factor=0.1)
   vocab = policy.model.config.vocab_size
   first = policy.train_step(_batch(vocab, t=40, seed=0), masked_nll)
   n = len(compiles)
@@ -105,12 +105,35 @@ def test_same_bucket_does_not_recompile_and_lr_follows_schedule(tiny_models, con
   np.testing.assert_allclose(lrs[:3], [0.0, 5e-4, 1e-3], rtol=1e-6)  # linear warmup over 2 steps
   assert lrs[3] < 1e-3  # cosine decay has begun
   policy.set_lr(3e-3)  # SFT-style constant rate, no recompile
-  assert policy.train_step(_batch(vocab, t=40), masked_nll)["lr"] == pytest.approx(3e-3)
+  for _ in range(2):
+    assert policy.train_step(_batch(vocab, t=40), masked_nll)["lr"] == pytest.approx(3e-3)
   assert len(compiles) == n
   policy.set_lr(None)
-  assert policy.train_step(_batch(vocab, t=40), masked_nll)["lr"] < 1e-3
+  # The two override steps did not advance the schedule: it resumes at its step 4, not 6.
+  from dockyard.trainer_jax import train
+  sched = train.lr_schedule(policy.optim, policy.total_steps)
+  assert policy.train_step(_batch(vocab, t=40), masked_nll)["lr"] == pytest.approx(float(sched(4)), rel=1e-6)
+  assert float(sched(4)) != pytest.approx(float(sched(6)))
   with pytest.raises(ValueError, match="learning rate"):
     policy.set_lr(-1.0)
+
+
+def test_warm_start_steps_do_not_advance_the_schedule_in_the_update(tiny_models, config):
+  """A warm start under set_lr, then the schedule: its step 0 (warmup from 0) must leave the
+  parameters unchanged. Before the fix the schedule read step 3 and they moved."""
+  policy = _policy(tiny_models["qwen2"], config, warmup_steps=2, lr=1e-3, end_lr_factor=0.1)
+  vocab = policy.model.config.vocab_size
+  policy.set_lr(3e-3)
+  for seed in range(3):
+    policy.train_step(_batch(vocab, t=40, seed=seed), masked_nll)
+  policy.set_lr(None)
+  before = {k: np.array(v) for k, v in policy.named_weights()}
+  assert policy.train_step(_batch(vocab, t=40, seed=9), masked_nll)["lr"] == 0.0
+  after = dict(policy.named_weights())
+  for k, v in before.items():
+    np.testing.assert_array_equal(after[k], v, err_msg=k)
+  assert policy.train_step(_batch(vocab, t=40, seed=10), masked_nll)["lr"] == pytest.approx(5e-4)
+  assert any(not np.array_equal(np.asarray(v), before[k]) for k, v in policy.named_weights())
 
 
 def test_named_weights_stream_hf_layout(tiny_models, config):

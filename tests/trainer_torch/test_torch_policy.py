@@ -70,9 +70,15 @@ def test_optimizer_matches_optax_clip_adamw_and_schedule():
   import optax
   cfg = torch_common.make_config(warmup_steps=2)
   o, total = dict(cfg.optim), 6
+  for o["decay_steps"] in (0, 5):   # 0: decay over the run's steps (total); else its own horizon
+    horizon = o["decay_steps"] or total
+    ref = optax.warmup_cosine_decay_schedule(0.0, o["lr"], o["warmup_steps"], horizon,
+                                             o["lr"] * o["end_lr_factor"])
+    for step in range(9):
+      assert optim.lr_at(step, o, total) == pytest.approx(float(ref(step)), rel=1e-6, abs=1e-12), (
+          o["decay_steps"], step)
+  o["decay_steps"] = 0
   sched = optax.warmup_cosine_decay_schedule(0.0, o["lr"], o["warmup_steps"], total, o["lr"] * o["end_lr_factor"])
-  for step in range(9):
-    assert optim.lr_at(step, o, total) == pytest.approx(float(sched(step)), rel=1e-6, abs=1e-12), step
   tx = optax.chain(optax.clip_by_global_norm(o["max_grad_norm"]),
                    optax.adamw(sched, b1=o["b1"], b2=o["b2"], eps=o["eps"], weight_decay=o["weight_decay"]))
   rng = np.random.default_rng(0)
@@ -180,6 +186,11 @@ def test_checkpoints_keep_latest_and_best_and_restore_bookkeeping(build_policy, 
     np.testing.assert_array_equal(arr, weights[name], err_msg=name)
   batch = torch_common.make_batch(seed=9)
   assert fresh.train_step(torch_common.with_prev(batch, fresh.logprobs(batch)), loss_fn)["lr"] == 0.123
+  # Lifting the override: the schedule resumes at the 3 steps taken on it (not at step 4).
+  fresh.set_lr(None)
+  lr = fresh.train_step(torch_common.with_prev(batch, fresh.logprobs(batch)), loss_fn)["lr"]
+  assert lr == pytest.approx(optim.lr_at(3, fresh._optim, fresh._total_steps))
+  assert lr != pytest.approx(optim.lr_at(4, fresh._optim, fresh._total_steps))
   assert fresh.restore(directory, step=2)["step"] == 2 and fresh.step == 2
   with pytest.raises(ValueError, match="learning rate"):
     fresh.set_lr(-1.0)

@@ -21,6 +21,7 @@ def make_config(micro_batch_size: int = 8, warmup_steps: int = 1, lr: float = 1e
   cfg.optim.micro_batch_size = micro_batch_size
   cfg.optim.warmup_steps = warmup_steps
   cfg.optim.lr = lr
+  cfg.optim.end_lr_factor = 0.1        # a schedule that decays (the tiny default is constant)
   cfg.optim.max_grad_norm = 0.5        # small enough that clipping is exercised
   cfg.grpo.max_num_steps = 8
   cfg.policy.tiny = SPEC
