@@ -23,7 +23,7 @@ def collect(metrics_path: str, metric: str) -> dict:
       reward_first=sum(rewards[:3]) / len(rewards[:3]) if rewards else None,
       reward_last=sum(rewards[-3:]) / len(rewards[-3:]) if rewards else None,
       steps=max((r["step"] for r in rows if "time/step" in r), default=0),
-      sft_steps=len(sft), phases=phases)
+      sft_steps=len(sft), sft_s=sum(r.get("sft/time_s") or 0.0 for r in sft), phases=phases)
 
 
 def render(config, workdir: str, result=None, setup_s: float = 0.0, total_s: float = 0.0) -> str:
@@ -41,6 +41,8 @@ def render(config, workdir: str, result=None, setup_s: float = 0.0, total_s: flo
   table.add_row("GRPO steps", str(s["steps"]))
   table.add_row("SFT warm-start steps", str(s["sft_steps"]))
   table.add_row("set-up (Ray, model, fleets)", f"{setup_s:.0f} s")
+  if s["sft_s"]:
+    table.add_row("time: SFT warm start", f"{s['sft_s']:.0f} s")
   for p, secs in s["phases"].items():
     if secs:
       table.add_row(f"time: {p}", f"{secs:.0f} s")

@@ -51,7 +51,7 @@ from dockyard.grpo import checkpoints
 from dockyard.grpo.batch import Group, encode_prompt
 from dockyard.grpo.replay_buffer import BufferClosed, ReplayBuffer, capacity_in_groups, group_version
 from dockyard.grpo.sync_loop import (Progress, PromptSampler, RunSettings, TrainResult, Validator, _decode,
-                                     _timed, assign_advantages, plot_run, refit, rollout_stats, score_groups,
+                                     _timed, assign_advantages, finish_run, refit, rollout_stats, score_groups,
                                      start_run)
 from dockyard.policy import LossFn, Policy
 from dockyard.rollout.base import Generator
@@ -419,6 +419,4 @@ def async_grpo_train(config, *, policy: Policy, generator: Generator, synchroniz
         loop.run_until_complete(env.close())
       finally:
         loop.close()
-  plot_run(config, workdir)
-  return TrainResult(steps=max(start, g.max_num_steps), last_metrics=metrics, val_history=validator.history,
-                     best=validator.best.best, resumed_from=start if state is not None else None)
+  return finish_run(config, workdir, start, metrics, validator, resumed=state is not None)

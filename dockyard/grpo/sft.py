@@ -12,6 +12,7 @@ policy's own schedule, and it says so in the log.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -58,9 +59,11 @@ def sft_warmup(policy: Policy, env, tokenizer, tasks: Sequence[Mapping[str, Any]
   history = []
   try:
     for step in range(steps):
+      t0 = time.perf_counter()
       idx = rng.choice(len(tasks), size=min(batch_size, len(tasks)), replace=False)
       batch = make_sft_batch(env, tokenizer, [tasks[i] for i in idx], pad_multiple)
       metrics = {k: float(v) for k, v in policy.train_step(batch, loss_fn).items()}
+      metrics["time_s"] = time.perf_counter() - t0
       history.append(metrics)
       if on_step is not None:
         on_step(step, metrics)

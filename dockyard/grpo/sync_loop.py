@@ -352,6 +352,14 @@ class Progress:
       self.bar.close()
 
 
+def finish_run(config, workdir: str, start: int, metrics: dict, validator, *, resumed: bool) -> "TrainResult":
+  """The end of a run, sync or async: the curves PNG and the result the runner reports."""
+  plot_run(config, workdir)
+  return TrainResult(steps=max(start, int(config.grpo.max_num_steps)), last_metrics=metrics,
+                     val_history=validator.history, best=validator.best.best,
+                     resumed_from=start if resumed else None)
+
+
 def plot_run(config, workdir: str) -> None:
   if config.logging.png_curve and os.path.exists(os.path.join(workdir, "metrics.jsonl")):
     workdir_lib.plot_curves(os.path.join(workdir, "metrics.jsonl"), os.path.join(workdir, "curves.png"),
@@ -421,6 +429,4 @@ def grpo_train(config, *, policy: Policy, generator: Generator, synchronizer, en
       loop.run_until_complete(env.close())
     finally:
       loop.close()
-  plot_run(config, workdir)
-  return TrainResult(steps=max(start, g.max_num_steps), last_metrics=metrics, val_history=validator.history,
-                     best=validator.best.best, resumed_from=start if state is not None else None)
+  return finish_run(config, workdir, start, metrics, validator, resumed=state is not None)
