@@ -74,6 +74,7 @@ def get_config(arg=None):
       num_train=20000 if full else 80,     # tiny: 80 of the 100 single-digit sums
       num_validation=1000 if full else 20,
       system_prompt="",
+      gold_format="answer",        # SFT target: "answer" ("7") | "equation" ("3 + 4 = 7")
   )
 
   # checkpoint: best-k by validation accuracy.

@@ -20,6 +20,7 @@ import numpy as np
 
 from dockyard.envs.base import Environment, Reward
 
+GOLD_FORMATS = ("answer", "equation")
 OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 _INT = re.compile(r"-?\d+")
 
@@ -33,6 +34,9 @@ class MathConfig:
   num_train: int = 80
   num_validation: int = 20
   system_prompt: str = ""          # '' : no system message (shortest prompt for tiny models)
+  # The SFT warm start's target: "answer" ("7") or "equation" ("3 + 4 = 7": the operands restated
+  # next to the result, a worked answer). The reward reads the last integer either way.
+  gold_format: str = "answer"
 
   def __post_init__(self):
     bad = [o for o in self.ops if o not in OPS]
@@ -40,6 +44,8 @@ class MathConfig:
       raise ValueError(f"env.math.ops must be a non-empty subset of {sorted(OPS)}, got {self.ops}")
     if self.min_operand > self.max_operand:
       raise ValueError(f"env.math.min_operand ({self.min_operand}) > max_operand ({self.max_operand})")
+    if self.gold_format not in GOLD_FORMATS:
+      raise ValueError(f"env.math.gold_format must be one of {GOLD_FORMATS}, got {self.gold_format!r}")
     if self.num_train < 1 or self.num_validation < 0:
       raise ValueError(f"env.math.num_train must be >= 1 and num_validation >= 0, got "
                        f"{self.num_train}, {self.num_validation}")
@@ -54,11 +60,13 @@ class MathConfig:
     m = config.env.math
     return cls(seed=int(m.seed), ops=tuple(m.ops), min_operand=int(m.min_operand),
                max_operand=int(m.max_operand), num_train=int(m.num_train),
-               num_validation=int(m.num_validation), system_prompt=str(m.system_prompt))
+               num_validation=int(m.num_validation), system_prompt=str(m.system_prompt),
+               gold_format=str(m.get("gold_format", "answer")))
 
 
 def make_task(a: int, op: str, b: int) -> dict[str, Any]:
-  return dict(instance_id=f"math-{a}{op}{b}", question=f"What is {a} {op} {b}?", answer=OPS[op](a, b))
+  return dict(instance_id=f"math-{a}{op}{b}", question=f"What is {a} {op} {b}?", answer=OPS[op](a, b),
+              equation=f"{a} {op} {b}")
 
 
 def make_dataset(cfg: MathConfig) -> tuple[list[dict], list[dict]]:
@@ -100,6 +108,8 @@ class MathEnv(Environment):
     return messages + [{"role": "user", "content": task["question"]}]
 
   def gold_completion(self, task: Mapping[str, Any]) -> str:
+    if self.cfg.gold_format == "equation":
+      return f"{task['equation']} = {task['answer']}"
     return str(task["answer"])
 
   async def score(self, task: Mapping[str, Any], completion: str) -> Reward:

@@ -51,7 +51,7 @@ from dockyard.grpo import checkpoints
 from dockyard.grpo.batch import Group, encode_prompt
 from dockyard.grpo.replay_buffer import BufferClosed, ReplayBuffer, capacity_in_groups, group_version
 from dockyard.grpo.sync_loop import (Progress, PromptSampler, RunSettings, TrainResult, Validator, _decode,
-                                     _timed, assign_advantages, finish_run, refit, rollout_stats, score_groups,
+                                     VAL_SAMPLES, _timed, assign_advantages, finish_run, refit, rollout_stats, score_groups,
                                      start_run)
 from dockyard.policy import LossFn, Policy
 from dockyard.rollout.base import Generator
@@ -342,7 +342,7 @@ def async_grpo_train(config, *, policy: Policy, generator: Generator, synchroniz
     collector = Collector(config, generator=generator, env=env, tokenizer=tokenizer, buffer=buffer,
                           settings=settings, versions=versions)
     validator = Validator(config, policy, generator, env, tokenizer, val_tasks, settings, ckpt_root,
-                          collector.run_coro)
+                          collector.run_coro, samples_path=os.path.join(workdir, VAL_SAMPLES))
     _write_jsonl(os.path.join(workdir, ASYNC_LOG), dict(start=start, next_seq=buffer.next_seq,
                                                         pending=sorted(buffer.pending)))
     collector.start()

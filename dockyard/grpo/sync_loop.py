@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import math
 import os
@@ -35,6 +36,7 @@ from dockyard.policy import LossFn, Policy
 from dockyard.rollout.base import Completion, Generator, SamplingParams
 
 log = logging.getLogger(__name__)
+VAL_SAMPLES = "val_samples.jsonl"   # in the workdir: each validation's completions, one JSON per task
 
 # Rows are padded to a multiple of this many tokens so the trainer compiles few distinct shapes.
 PAD_MULTIPLE = 16
@@ -193,16 +195,22 @@ def refit(synchronizer) -> dict[str, float]:
 
 def run_validation(generator: Generator, env, tokenizer, tasks: Sequence[Mapping[str, Any]],
                    sampling: SamplingParams, loop: asyncio.AbstractEventLoop | Callable,
-                   max_in_flight: int = 64) -> dict[str, float]:
+                   max_in_flight: int = 64, samples: list | None = None) -> dict[str, float]:
   """One completion per held-out task at the validation temperature; `val/*` metrics.
 
   `loop` runs the scoring coroutine: an event loop, or a callable taking the coroutine (the async
-  loop scores on its collector's event loop, where the env's clients live).
+  loop scores on its collector's event loop, where the env's clients live). `samples`, when
+  given, receives one record per task: instance id, completion text, reward, malformed, reason.
   """
   groups = collect_groups(generator, env, tokenizer, tasks, 1, sampling)
   run = loop if callable(loop) else loop.run_until_complete
   run(score_groups(env, groups, max_in_flight))
   rewards = [g.rewards[0] for g in groups]
+  if samples is not None:
+    for g, r in zip(groups, rewards):
+      samples.append(dict(instance_id=str(g.task.get("instance_id", "")), completion=g.texts[0] if g.texts
+                          else g.completions[0].text, reward=float(r.value), malformed=bool(r.malformed),
+                          reason=str(r.info.get("reason", ""))))
   out = {"val/reward_mean": float(np.mean([r.value for r in rewards])),
          "val/malformed_fraction": float(np.mean([r.malformed for r in rewards])),
          "val/completion_len_mean": float(np.mean([len(g.completions[0].token_ids) for g in groups]))}
@@ -283,7 +291,9 @@ class Validator:
   """Validation every `val_period` steps and the best-k checkpoints it feeds."""
 
   def __init__(self, config, policy: Policy, generator: Generator, env, tokenizer,
-               val_tasks: Sequence[Mapping[str, Any]], settings: RunSettings, ckpt_root: str, run_coro):
+               val_tasks: Sequence[Mapping[str, Any]], settings: RunSettings, ckpt_root: str, run_coro,
+               samples_path: str | None = None):
+    self.samples_path = samples_path   # val_samples.jsonl: every validation's completions, by step
     self.config, self.policy, self.generator, self.env, self.tokenizer = config, policy, generator, env, tokenizer
     self.tasks = list(val_tasks)[:config.grpo.max_val_samples]
     self.settings, self.run_coro = settings, run_coro
@@ -297,9 +307,14 @@ class Validator:
 
   def __call__(self, step: int) -> dict:
     ck, times = self.config.checkpoint, {}
+    samples: list[dict] = []
     with _timed(times, "validate"):
       val = run_validation(self.generator, self.env, self.tokenizer, self.tasks, self.settings.val_sampling,
-                           self.run_coro, self.settings.max_in_flight)
+                           self.run_coro, self.settings.max_in_flight, samples=samples)
+    if self.samples_path:
+      with open(self.samples_path, "a") as f:
+        for rec in samples:
+          f.write(json.dumps({"step": step, **rec}) + "\n")
     val.update(times)
     self.history.append({"step": step, **val})
     if ck.enabled:
@@ -382,7 +397,7 @@ def grpo_train(config, *, policy: Policy, generator: Generator, synchronizer, en
   writer = workdir_lib.MetricWriter(workdir, tensorboard=config.logging.tensorboard)
   loop = asyncio.new_event_loop()
   validator = Validator(config, policy, generator, env, tokenizer, val_tasks, settings, ckpt_root,
-                        loop.run_until_complete)
+                        loop.run_until_complete, samples_path=os.path.join(workdir, VAL_SAMPLES))
   metrics: dict[str, float] = {}
 
   try:

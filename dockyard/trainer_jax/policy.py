@@ -149,6 +149,10 @@ class JaxPolicy(Policy):
     """The (cached) manager of `directory`: the newest checkpoint, plus the best
     `checkpoint.keep_top_k` by `checkpoint.metric` among saves that pass metrics."""
     key = os.path.abspath(directory)
+    if key in self._checkpointers and not os.path.isdir(key):
+      # Its directory was moved or removed (the GRPO loop renames latest.tmp -> latest): the
+      # cached manager's list of steps is stale and its retention would try to delete them.
+      del self._checkpointers[key]
     if key not in self._checkpointers:
       c = self.checkpoint_config
       kw = {} if c is None else dict(keep_top_k=int(c.keep_top_k), metric=c.metric,

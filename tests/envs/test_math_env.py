@@ -49,10 +49,21 @@ def test_score_and_validation_metrics():
   assert sys_env.prompt_messages(task)[0]["role"] == "system"
 
 
+def test_equation_gold_format_restates_the_operands_and_scores_right():
+  env = MathEnv(MathConfig(num_train=5, num_validation=0, gold_format="equation"))
+  task = env.train[0]
+  gold = env.gold_completion(task)
+  assert gold == f"{task['question'][len('What is '):-1]} = {task['answer']}"
+  assert asyncio.run(env.score(task, gold)).value == 1.0
+  assert MathEnv(MathConfig(num_train=5, num_validation=0)).gold_completion(task) == str(task["answer"])
+
+
 def test_bad_config_is_named():
   with pytest.raises(ValueError, match="env.math.ops"):
     MathConfig(ops=("^",))
   with pytest.raises(ValueError, match="exceeds the 100 distinct"):
     MathConfig(num_train=90, num_validation=20)
+  with pytest.raises(ValueError, match="env.math.gold_format"):
+    MathConfig(gold_format="prose")
   with pytest.raises(ValueError, match="min_operand"):
     MathConfig(min_operand=5, max_operand=1)

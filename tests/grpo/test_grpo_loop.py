@@ -188,6 +188,11 @@ def test_grpo_train_learns_logs_checkpoints_and_resumes(tokenizer, tmp_path):
     assert key in steps[-1], key
   assert steps[-1]["refit/canary_max_abs_logprob_delta"] < 1e-5
   assert [r["step"] for r in rows if "val/reward_mean" in r] == [0, 4, 8, 12]
+  samples = [json.loads(line) for line in open(os.path.join(workdir, sync_loop.VAL_SAMPLES))]
+  assert [r["step"] for r in samples] == [s for s in (0, 4, 8, 12) for _ in range(8)]
+  by_step = {s: np.mean([r["reward"] for r in samples if r["step"] == s]) for s in (0, 4, 8, 12)}
+  assert by_step == pytest.approx({r["step"]: r["val/reward_mean"] for r in rows if "val/reward_mean" in r})
+  assert {"instance_id", "completion", "reward", "malformed", "reason"} <= set(samples[0])
   # refit after every step, in order, and generation only ever saw fresh weights
   assert sync.calls == ["mark_stale", "sync_weights", "prepare_for_generation"] * 12
   assert gen.weight_version == policy.step == 12 == steps[-1]["weight_version"]
