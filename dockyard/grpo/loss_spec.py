@@ -172,3 +172,20 @@ def nll_loss(logprobs: np.ndarray, loss_mask: np.ndarray,
   total_tokens = max(float(extras.get("total_tokens", m.sum())), 1.0)
   loss = -(lp * m).sum() / total_tokens
   return float(loss), dict(loss=float(loss), nll=float(loss))
+
+
+def random_batch(rng: np.random.Generator, b: int = 5, t: int = 9, per_token_adv: bool = False):
+  """Random inputs for checking an implementation against this spec: (logprobs, mask, extras)
+  with ragged masks (prompt zeros on the left, padding on the right) and one row without loss."""
+  mask = np.zeros((b, t), np.float32)
+  for i in range(b - 1):
+    start = rng.integers(1, 4)
+    mask[i, start:rng.integers(start + 1, t + 1)] = 1
+  lp = -rng.uniform(0.1, 3.0, (b, t)).astype(np.float32)
+  extras = dict(
+      advantages=rng.normal(size=(b, t) if per_token_adv else (b,)).astype(np.float32),
+      prev_logprobs=(lp + rng.normal(scale=0.3, size=(b, t))).astype(np.float32),
+      generation_logprobs=(lp + rng.normal(scale=0.5, size=(b, t))).astype(np.float32),
+      reference_logprobs=(lp + rng.normal(scale=0.4, size=(b, t))).astype(np.float32),
+  )
+  return lp, mask, extras

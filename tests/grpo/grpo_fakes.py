@@ -6,6 +6,8 @@ integration issue; these fakes implement the same seams faithfully enough to cat
                    including the LossFn micro-batching contract and an optax optimizer.
   BigramGenerator  samples from the same table in NumPy and reports per-token logprobs.
   FakeSynchronizer moves the policy's named weights into the generator and measures a canary.
+  math_config      configs/math.py cut down for these fakes (sync loop; the async tests add theirs).
+  FirstDigitEnv    a reward a bigram policy can learn.
 """
 from __future__ import annotations
 
@@ -17,10 +19,42 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from dockyard import validate
+from dockyard.envs.base import Reward
+from dockyard.envs.math import MathEnv
 from dockyard.policy import Policy, TrainBatch
 from dockyard.rollout.base import Completion, Generator, SamplingParams
 
 WEIGHT = "bigram.weight"
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def math_config(**over):
+  """configs/math.py at a size the fakes run in seconds; `over` = {"dotted.key": value}."""
+  c = validate.load_config_file(os.path.join(ROOT, "configs/math.py"))
+  c.grpo.num_prompts_per_step, c.grpo.num_generations_per_prompt = 4, 8
+  c.grpo.max_num_steps, c.grpo.val_period, c.grpo.max_val_samples = 12, 4, 8
+  c.grpo.sft_warmup.steps = 0
+  c.grpo.dynamic_sampling = False
+  c.rollout.max_new_tokens = 6
+  c.checkpoint.metric, c.checkpoint.save_period, c.checkpoint.keep_top_k = "val/reward_mean", 4, 2
+  c.logging.tensorboard, c.logging.png_curve = False, False
+  for k, v in over.items():
+    node = c
+    *path, last = k.split(".")
+    for p in path:
+      node = node[p]
+    node[last] = v
+  validate.validate(c)
+  return c
+
+
+class FirstDigitEnv(MathEnv):
+  """Reward 1 when the completion starts with a digit (after spaces): learnable by a bigram policy
+  (its first token is conditioned on the prompt's last token), so GRPO must raise its rate."""
+
+  async def score(self, task, completion):
+    return Reward(float(completion.lstrip()[:1].isdigit()), malformed=not completion.strip())
 
 
 def _bigram_logprobs(table, ids):

@@ -22,36 +22,7 @@ from dockyard.grpo.loss_spec import LossConfig
 from dockyard.grpo.sft import sft_warmup
 from dockyard.rollout.base import Completion
 
-from grpo_fakes import BigramGenerator, BigramPolicy, FakeSynchronizer
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def math_config(**over):
-  c = validate.load_config_file(os.path.join(ROOT, "configs/math.py"))
-  c.grpo.num_prompts_per_step, c.grpo.num_generations_per_prompt = 4, 8
-  c.grpo.max_num_steps, c.grpo.val_period, c.grpo.max_val_samples = 12, 4, 8
-  c.grpo.sft_warmup.steps = 0
-  c.grpo.dynamic_sampling = False
-  c.rollout.max_new_tokens = 6
-  c.checkpoint.metric, c.checkpoint.save_period, c.checkpoint.keep_top_k = "val/reward_mean", 4, 2
-  c.logging.tensorboard, c.logging.png_curve = False, False
-  for k, v in over.items():
-    node = c
-    *path, last = k.split(".")
-    for p in path:
-      node = node[p]
-    node[last] = v
-  validate.validate(c)
-  return c
-
-
-class FirstDigitEnv(MathEnv):
-  """Reward 1 when the completion starts with a digit (after spaces): learnable by a bigram policy (its first
-  token is conditioned on the prompt's last token), so GRPO must raise its rate."""
-
-  async def score(self, task, completion):
-    return Reward(float(completion.lstrip()[:1].isdigit()), malformed=not completion.strip())
+from grpo_fakes import BigramGenerator, BigramPolicy, FakeSynchronizer, FirstDigitEnv, math_config
 
 
 def comp(tokens, lps, reason="stop"):

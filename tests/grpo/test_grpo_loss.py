@@ -10,20 +10,7 @@ from dockyard.grpo import loss_jax, loss_spec
 from dockyard.grpo.loss_spec import LossConfig
 
 
-def random_batch(rng, b=5, t=9, per_token_adv=False):
-  """Random logprobs/extras with ragged masks (left prompt zeros, right padding) and one empty row."""
-  mask = np.zeros((b, t), np.float32)
-  for i in range(b - 1):
-    start = rng.integers(1, 4)
-    mask[i, start:rng.integers(start + 1, t + 1)] = 1
-  lp = -rng.uniform(0.1, 3.0, (b, t)).astype(np.float32)
-  extras = dict(
-      advantages=rng.normal(size=(b, t) if per_token_adv else (b,)).astype(np.float32),
-      prev_logprobs=(lp + rng.normal(scale=0.3, size=(b, t))).astype(np.float32),
-      generation_logprobs=(lp + rng.normal(scale=0.5, size=(b, t))).astype(np.float32),
-      reference_logprobs=(lp + rng.normal(scale=0.4, size=(b, t))).astype(np.float32),
-  )
-  return lp, mask, extras
+random_batch = loss_spec.random_batch
 
 
 GRID = [LossConfig(ratio_clip_min=0.2, ratio_clip_max=hi, ratio_clip_c=c, reference_policy_kl_penalty=kl,

@@ -6,41 +6,14 @@ import os
 import threading
 import time
 
-from dockyard import validate
-from dockyard.envs.base import Reward
-from dockyard.envs.math import MathEnv
 
-from grpo_fakes import BigramGenerator
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from grpo_fakes import BigramGenerator, FirstDigitEnv, math_config  # noqa: F401 (FirstDigitEnv: re-exported)
 
 
 def async_config(**over):
-  c = validate.load_config_file(os.path.join(ROOT, "configs/math.py"))
-  c.grpo.async_grpo.enabled = True
-  c.grpo.num_prompts_per_step, c.grpo.num_generations_per_prompt = 4, 8
-  c.grpo.max_num_steps, c.grpo.val_period, c.grpo.max_val_samples = 12, 0, 8
-  c.grpo.val_at_start = False
-  c.grpo.sft_warmup.steps = 0
-  c.grpo.dynamic_sampling = False
-  c.rollout.max_new_tokens = 6
-  c.checkpoint.metric, c.checkpoint.save_period, c.checkpoint.keep_top_k = "val/reward_mean", 4, 2
-  c.logging.tensorboard, c.logging.png_curve = False, False
-  for k, v in over.items():
-    node = c
-    *path, last = k.split(".")
-    for p in path:
-      node = node[p]
-    node[last] = v
-  validate.validate(c)
-  return c
-
-
-class FirstDigitEnv(MathEnv):
-  """Reward 1 when the completion starts with a digit: learnable by a bigram policy."""
-
-  async def score(self, task, completion):
-    return Reward(float(completion.lstrip()[:1].isdigit()), malformed=not completion.strip())
+  """The fakes' math config with async GRPO on and no validation (unless `over` says so)."""
+  return math_config(**{"grpo.async_grpo.enabled": True, "grpo.val_period": 0,
+                        "grpo.val_at_start": False, **over})
 
 
 class SlowGenerator(BigramGenerator):
