@@ -2,7 +2,6 @@
 and generators that are slow, hang or fail on purpose (around the JAX bigram fakes)."""
 from __future__ import annotations
 
-import os
 import threading
 import time
 
