@@ -42,7 +42,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -51,7 +51,7 @@ from dockyard.grpo import checkpoints
 from dockyard.grpo.batch import Group, encode_prompt
 from dockyard.grpo.replay_buffer import BufferClosed, ReplayBuffer, capacity_in_groups, group_version
 from dockyard.grpo.sync_loop import (Progress, PromptSampler, RunSettings, TrainResult, Validator, _decode,
-                                     VAL_SAMPLES, _timed, assign_advantages, finish_run, refit, rollout_stats, score_groups,
+                                     VAL_SAMPLES, _timed, assign_advantages, finish_run, refit, resolve_reference, rollout_stats, score_groups,
                                      start_run)
 from dockyard.policy import LossFn, Policy
 from dockyard.rollout.base import Generator
@@ -311,7 +311,7 @@ def _write_jsonl(path: str, row: dict) -> None:
 
 def async_grpo_train(config, *, policy: Policy, generator: Generator, synchronizer, env, tokenizer,
                      train_tasks: Sequence[Mapping[str, Any]], val_tasks: Sequence[Mapping[str, Any]],
-                     workdir: str, reference: Policy | None = None,
+                     workdir: str, reference: Policy | Callable[[], Policy] | None = None,
                      losses: tuple[LossFn, LossFn] | None = None, progress: bool = True) -> TrainResult:
   """Async GRPO for `config.grpo.max_num_steps` steps; resumes (async state included) from
   workdir/checkpoints. Same arguments and result as `sync_loop.grpo_train`."""
@@ -331,6 +331,8 @@ def async_grpo_train(config, *, policy: Policy, generator: Generator, synchroniz
   try:
     start, state = start_run(config, policy=policy, synchronizer=synchronizer, env=env, tokenizer=tokenizer,
                              train_tasks=train_tasks, writer=writer, nll=settings.nll, ckpt_root=ckpt_root)
+    reference = resolve_reference(config, policy, reference, ckpt_root,
+                                  warm_started=g.sft_warmup.steps > 0)
     versions = VersionMap(synchronizer.version, start)
     buffer = ReplayBuffer(sampler, capacity_in_groups(config), int(a.max_trajectory_age_steps),
                           int(g.num_prompts_per_step), version=start)

@@ -266,12 +266,13 @@ class RunSettings:
   val_sampling: SamplingParams
 
   @classmethod
-  def build(cls, config, tokenizer, reference: Policy | None = None,
+  def build(cls, config, tokenizer, reference: Policy | Callable[[], Policy] | None = None,
             losses: tuple[LossFn, LossFn] | None = None) -> "RunSettings":
     pg_loss, nll = losses or make_losses(config)
     kl_coef = float(config.loss_fn.reference_policy_kl_penalty)
     if kl_coef != 0 and reference is None:
-      raise ValueError("loss_fn.reference_policy_kl_penalty != 0 needs a reference policy (reference=...)")
+      raise ValueError("loss_fn.reference_policy_kl_penalty != 0 needs a reference policy "
+                       "(reference=a Policy, or a callable that builds one from the initial checkpoint)")
     is_cap = (float(config.loss_fn.truncated_importance_sampling_ratio)
               if config.loss_fn.use_importance_sampling_correction else None)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -323,6 +324,30 @@ class Validator:
                          f"env {self.config.env.name!r}; it reports {sorted(val)}")
       val["checkpoint/saved_best"] = float(self.best.offer(step, val[ck.metric], self.policy.save))
     return val
+
+
+REFERENCE_DIR = "reference"   # under checkpoints/: the KL reference's weights (the policy after the warm start)
+
+
+def resolve_reference(config, policy: Policy, reference: Policy | Callable[[], Policy] | None,
+                      ckpt_root: str, warm_started: bool) -> Policy | None:
+  """The reference policy of the KL penalty, or None when the penalty is 0.
+
+  `reference` is a Policy (used as is) or a callable building one from the initial checkpoint.
+  The reference is the policy GRPO starts from: after an SFT warm start, its weights are saved to
+  checkpoints/reference/ (through `Policy.save`) and loaded into the built one, also on resume.
+  """
+  if float(config.loss_fn.reference_policy_kl_penalty) == 0 or reference is None:
+    return None
+  if not callable(reference) or isinstance(reference, Policy):
+    return reference
+  snapshot = os.path.join(ckpt_root, REFERENCE_DIR)
+  if warm_started and not os.path.isdir(snapshot):
+    policy.save(snapshot)
+  built = reference()
+  if os.path.isdir(snapshot):
+    built.restore(snapshot)
+  return built
 
 
 def start_run(config, *, policy: Policy, synchronizer, env, tokenizer, train_tasks, writer, nll: LossFn,
@@ -385,9 +410,10 @@ def plot_run(config, workdir: str) -> None:
 
 def grpo_train(config, *, policy: Policy, generator: Generator, synchronizer, env, tokenizer,
                train_tasks: Sequence[Mapping[str, Any]], val_tasks: Sequence[Mapping[str, Any]],
-               workdir: str, reference: Policy | None = None,
+               workdir: str, reference: Policy | Callable[[], Policy] | None = None,
                losses: tuple[LossFn, LossFn] | None = None, progress: bool = True) -> TrainResult:
-  """Synchronous GRPO for `config.grpo.max_num_steps` steps; resumes from workdir/checkpoints."""
+  """Synchronous GRPO for `config.grpo.max_num_steps` steps; resumes from workdir/checkpoints.
+  `reference` (needed when the KL penalty is on): see `resolve_reference`."""
   g, ck = config.grpo, config.checkpoint
   settings = RunSettings.build(config, tokenizer, reference, losses)
   sampling = settings.sampling
@@ -403,6 +429,8 @@ def grpo_train(config, *, policy: Policy, generator: Generator, synchronizer, en
   try:
     start, state = start_run(config, policy=policy, synchronizer=synchronizer, env=env, tokenizer=tokenizer,
                              train_tasks=train_tasks, writer=writer, nll=settings.nll, ckpt_root=ckpt_root)
+    reference = resolve_reference(config, policy, reference, ckpt_root,
+                                  warm_started=g.sft_warmup.steps > 0)
     if state is not None:
       sampler.load(state["sampler"])
     if g.val_at_start and start == 0 and validator.tasks:

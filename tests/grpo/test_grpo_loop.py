@@ -235,3 +235,37 @@ def test_gdpo_uses_the_env_reward_components():
   # components: correct, format, and the shaping penalty (math config: malformed_penalty 0.2)
   np.testing.assert_allclose(g.advantages, z([1, 0, 0, 0]) + z([1, 0, 1, 1]) + z([0, -0.2, 0, 0]),
                              rtol=1e-4)   # eps in the std
+
+
+def test_kl_reference_is_the_policy_after_the_warm_start_and_survives_resume(tokenizer, tmp_path):
+  """The runner passes a factory (a policy from the initial checkpoint); the loop loads the
+  post-warm-start weights into it (checkpoints/reference/) and trains with the KL term."""
+  config = math_config(**{"loss_fn.reference_policy_kl_penalty": 0.1, "grpo.sft_warmup.steps": 5,
+                          "grpo.max_num_steps": 3, "grpo.val_period": 0})
+  env = FirstDigitEnv(MathConfig.from_config(config))
+  policy, gen, sync = _parts(tokenizer)
+  initial = np.asarray(policy.table).copy()
+  built = []
+
+  def make_reference():
+    built.append(BigramPolicy(len(tokenizer), lr=0.5, micro_batch_size=8, seed=0))   # = initial
+    return built[-1]
+
+  workdir = str(tmp_path / "run")
+  kw = dict(policy=policy, generator=gen, synchronizer=sync, env=env, tokenizer=tokenizer,
+            train_tasks=env.train, val_tasks=env.validation, workdir=workdir, progress=False)
+  sync_loop.grpo_train(config, reference=make_reference, **kw)
+  snap = os.path.join(workdir, "checkpoints", sync_loop.REFERENCE_DIR, "bigram.npz")
+  after_sft = np.load(snap)["table"]
+  assert not np.allclose(after_sft, initial)            # the warm start moved the policy ...
+  np.testing.assert_array_equal(np.asarray(built[0].table), after_sft)   # ... and the reference is it
+  assert not np.allclose(np.asarray(policy.table), after_sft)            # GRPO then moved the policy on
+  rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+  kls = [r["train/kl"] for r in rows if r.get("train/kl") is not None]
+  assert len(kls) == 3 and kls[-1] > 0
+  # Resume with more steps: the reference comes back from the snapshot, not from the initial weights.
+  config.grpo.max_num_steps = 4
+  sync_loop.grpo_train(config, reference=make_reference, **kw)
+  np.testing.assert_array_equal(np.asarray(built[1].table), after_sft)
+  with pytest.raises(ValueError, match="reference"):
+    sync_loop.grpo_train(config, **kw)
