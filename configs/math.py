@@ -1,9 +1,9 @@
 r"""Arithmetic GRPO: "What is 3 + 4?" -> reward 1 when the completion's last integer is right.
 
 The embedded default (variant `tiny`): a tiny Qwen2-style model made locally, an 85-step SFT warm
-start on gold answers, then 500 synchronous GRPO steps with CPU vLLM on single-digit additions
-(8 new tokens at most). Measured on a loaded 2-core machine (docs/learning.md): seed 0 validation
-accuracy 0.15 -> 0.45, train reward 0.20 -> 0.57, in 13 minutes:
+start on gold answers, then 800 synchronous GRPO steps with CPU vLLM on single-digit additions
+(8 new tokens at most) and a KL penalty to the warm-started policy. Measured on this 2-core machine
+(docs/learning.md): validation accuracy 0.15 -> 0.50, train reward 0.23 -> 0.70, in 404 s:
 
   python -m dockyard.launch --config=configs/math.py --workdir=workdirs/math
 
@@ -42,7 +42,7 @@ def get_config(arg=None):
   # grpo: many short samples per step; no KL (its forward is skipped); sync loop by default.
   c.grpo.num_prompts_per_step = 16
   c.grpo.num_generations_per_prompt = 8
-  c.grpo.max_num_steps = 200 if full else 500
+  c.grpo.max_num_steps = 200 if full else 800
   c.grpo.val_period = 10 if full else 25
   c.grpo.max_val_samples = 100 if full else 20
   c.grpo.advantage.estimator = "grpo"
@@ -56,8 +56,10 @@ def get_config(arg=None):
   c.grpo.sft_warmup.batch_size = 16
   c.grpo.async_grpo.enabled = bool(full and not arg.sync)
 
-  # loss_fn: token-level clipped PG with IS correction, no reference KL.
-  c.loss_fn.reference_policy_kl_penalty = 0.0
+  # loss_fn: token-level clipped PG with IS correction; tiny: a k3 KL to the post-SFT policy.
+  # Measured (docs/learning.md): without it the samples collapse (entropy 1.2 -> 0.1 nats, 86% of
+  # groups flat) and validation stalls at 0.40-0.45; with 0.05 it ends at 0.50 (train 0.70).
+  c.loss_fn.reference_policy_kl_penalty = 0.01 if full else 0.05
 
   # rollout: a handful of new tokens is enough for an integer answer.
   c.rollout.max_model_len = 512 if full else 128
