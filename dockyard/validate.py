@@ -115,6 +115,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
                       f"GRPO needs a group of at least 2 samples per prompt, got {g.num_generations_per_prompt}")
   if g.num_prompts_per_step < 1:
     raise ConfigError("grpo.num_prompts_per_step", f"must be >= 1, got {g.num_prompts_per_step}")
+  if g.num_minibatches < 1:
+    raise ConfigError("grpo.num_minibatches", f"must be >= 1 (optimizer steps per batch), got {g.num_minibatches}")
   if g.max_rollout_turns != 1:
     raise ConfigError("grpo.max_rollout_turns", "only single-turn rollouts (1) are implemented")
   if g.advantage.estimator not in ("grpo", "gdpo", "reinforce++"):

@@ -32,7 +32,7 @@ from dockyard.grpo.batch import Group, encode_prompt, make_train_batch
 from dockyard.grpo.loss_spec import LossConfig
 from dockyard.grpo.sft import sft_warmup
 from dockyard.grpo.shaping import ShapingConfig, shape_reward
-from dockyard.policy import LossFn, Policy
+from dockyard.policy import LossFn, Policy, TrainBatch
 from dockyard.rollout.base import Completion, Generator, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -161,10 +161,20 @@ def importance_stats(prev: np.ndarray, gen: np.ndarray, mask: np.ndarray, cap: f
   return out
 
 
+def split_rows(batch: TrainBatch, parts: int) -> list[TrainBatch]:
+  """`parts` contiguous row slices of a batch (extras sliced along their first axis)."""
+  bounds = np.linspace(0, batch.batch_size, min(parts, batch.batch_size) + 1).astype(int)
+  return [TrainBatch(batch.input_ids[a:b], batch.attention_mask[a:b], batch.loss_mask[a:b],
+                     {k: v[a:b] for k, v in batch.extras.items()})
+          for a, b in zip(bounds[:-1], bounds[1:])]
+
+
 def train_on_groups(policy: Policy, groups: Sequence[Group], loss_fn: LossFn, *, pad_id: int,
                     kl_coef: float = 0.0, reference: Policy | None = None,
-                    is_cap: float | None = None, pad_multiple: int = PAD_MULTIPLE) -> dict[str, float]:
-  """Packs the groups, recomputes prev (and reference) logprobs, takes one optimizer step."""
+                    is_cap: float | None = None, pad_multiple: int = PAD_MULTIPLE,
+                    num_minibatches: int = 1) -> dict[str, float]:
+  """Packs the groups, recomputes prev (and reference) logprobs once, then takes one optimizer
+  step per minibatch (`num_minibatches` row slices; metrics are their mean, `lr` the last)."""
   batch = make_train_batch(groups, pad_id, pad_multiple)
   m = batch.loss_mask
   # prev_logprobs: the policy as it is before this step, so the ratio starts at exactly 1.
@@ -175,7 +185,10 @@ def train_on_groups(policy: Policy, groups: Sequence[Group], loss_fn: LossFn, *,
                        "reference=... or set the penalty to 0")
     batch.extras["reference_logprobs"] = np.asarray(reference.logprobs(batch), np.float32) * m
   metrics = importance_stats(batch.extras["prev_logprobs"], batch.extras["generation_logprobs"], m, is_cap)
-  metrics.update({f"train/{k}": float(v) for k, v in policy.train_step(batch, loss_fn).items()})
+  steps = [policy.train_step(mb, loss_fn) for mb in split_rows(batch, num_minibatches)]
+  for k in steps[0]:
+    metrics[f"train/{k}"] = float(steps[-1][k] if k == "lr" else np.mean([float(m[k]) for m in steps]))
+  metrics["train/minibatches"] = float(len(steps))
   metrics["train/sequences"] = float(batch.batch_size)
   metrics["train/tokens"] = float(m.sum())
   return metrics
@@ -264,6 +277,7 @@ class RunSettings:
   max_in_flight: int
   sampling: SamplingParams
   val_sampling: SamplingParams
+  num_minibatches: int = 1
 
   @classmethod
   def build(cls, config, tokenizer, reference: Policy | Callable[[], Policy] | None = None,
@@ -281,11 +295,12 @@ class RunSettings:
                max_in_flight=int(config.env.code.max_in_flight) if "code" in config.env else 64,
                sampling=SamplingParams(temperature=r.temperature, top_p=r.top_p, max_tokens=r.max_new_tokens),
                val_sampling=SamplingParams(temperature=r.val_temperature, top_p=1.0,
-                                           max_tokens=r.max_new_tokens, seed=config.run.seed))
+                                           max_tokens=r.max_new_tokens, seed=config.run.seed),
+               num_minibatches=int(config.grpo.get("num_minibatches", 1)))
 
   def train(self, policy: Policy, groups: Sequence[Group], reference: Policy | None) -> dict[str, float]:
     return train_on_groups(policy, groups, self.pg_loss, pad_id=self.pad_id, kl_coef=self.kl_coef,
-                           reference=reference, is_cap=self.is_cap)
+                           reference=reference, is_cap=self.is_cap, num_minibatches=self.num_minibatches)
 
 
 class Validator:

@@ -36,6 +36,7 @@ def math_config(**over):
   c.grpo.max_num_steps, c.grpo.val_period, c.grpo.max_val_samples = 12, 4, 8
   c.grpo.sft_warmup.steps = 0
   c.grpo.dynamic_sampling = False
+  c.loss_fn.reference_policy_kl_penalty = 0.0   # no reference policy among the fakes unless a test adds one
   c.rollout.max_new_tokens = 6
   c.checkpoint.metric, c.checkpoint.save_period, c.checkpoint.keep_top_k = "val/reward_mean", 4, 2
   c.logging.tensorboard, c.logging.png_curve = False, False

@@ -107,6 +107,34 @@ def test_train_on_groups_recomputes_prev_logprobs(tokenizer):
     sync_loop.train_on_groups(policy, kept, pg, pad_id=0, kl_coef=0.1)
 
 
+def test_minibatches_take_one_step_each_against_the_batch_prev_logprobs(tokenizer):
+  """num_minibatches=4: four optimizer steps on disjoint row slices; from the second on, the
+  policy has moved since prev_logprobs were taken, so the ratio is no longer 1 (clipping can act)."""
+  env = MathEnv(MathConfig(num_train=4, num_validation=0))
+  config = math_config()
+  pg, _ = sync_loop.make_losses(config)
+  policy = BigramPolicy(len(tokenizer), lr=0.5, micro_batch_size=3)
+  gen = BigramGenerator(np.asarray(policy.table), tokenizer.eos_token_id)
+  groups = sync_loop.collect_groups(gen, env, tokenizer, env.train, 4,
+                                    sync_loop.SamplingParams(temperature=1.0, max_tokens=5, seed=1))
+  for g in groups:
+    g.rewards = [Reward(float(i % 2)) for i in range(4)]
+  kept, _ = sync_loop.assign_advantages(groups, config)
+  ratios = []
+  real_step = policy.train_step
+  policy.train_step = lambda b, fn: (ratios.append(b.batch_size), real_step(b, fn))[1]
+  m = sync_loop.train_on_groups(policy, kept, pg, pad_id=tokenizer.pad_token_id, is_cap=2.0,
+                                num_minibatches=4)
+  assert policy.step == 4 and ratios == [4, 4, 4, 4] and m["train/minibatches"] == 4
+  assert m["train/sequences"] == 16
+  assert abs(m["train/ratio_mean"] - 1.0) > 1e-4     # the mean over the 4 steps: later ones moved
+  parts = sync_loop.split_rows(make_train_batch(kept, tokenizer.pad_token_id, 16), 3)
+  assert [p.batch_size for p in parts] == [5, 5, 6]
+  assert all(p.extras["advantages"].shape[0] == p.batch_size for p in parts)
+  with pytest.raises(validate.ConfigError, match="num_minibatches"):
+    math_config(**{"grpo.num_minibatches": 0})
+
+
 def test_sft_warmup_lowers_nll_and_sets_lr(tokenizer):
   env = MathEnv(MathConfig(num_train=20, num_validation=0))
   policy = BigramPolicy(len(tokenizer), lr=0.01)
