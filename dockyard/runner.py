@@ -106,14 +106,12 @@ def run(config, paths: dict[str, str]) -> None:
       from dockyard.grpo.async_loop import async_grpo_train as train_fn
     else:
       from dockyard.grpo.sync_loop import grpo_train as train_fn
-    # The KL penalty's reference: a second policy from the same checkpoint, built only when the
-    # penalty is on (the loop loads the post-warm-start weights into it).
-    make_reference = None
-    if float(config.loss_fn.reference_policy_kl_penalty) != 0:
-      make_reference = lambda: policy_factory.make_policy(config, model_path)  # noqa: E731
+    # The KL penalty's reference: a factory for a second policy from the same checkpoint; the loop
+    # calls it only when the penalty is on (and loads the post-warm-start weights into it).
     result = train_fn(config, policy=policy, generator=generator, synchronizer=synchronizer, env=env,
                       tokenizer=tokenizer, train_tasks=train_tasks, val_tasks=val_tasks,
-                      workdir=paths["workdir"], reference=make_reference)
+                      workdir=paths["workdir"],
+                      reference=lambda: policy_factory.make_policy(config, model_path))
     from dockyard import summary
     print(summary.render(config, paths["workdir"], result, setup_s=setup_s,
                          total_s=time.perf_counter() - t0), flush=True)

@@ -54,6 +54,13 @@ class MetricWriter:
       self._tb.close()
 
 
+def append_jsonl(path: str, rows) -> None:
+  """Appends each row (a JSON-serializable dict) as one line of `path`."""
+  with open(path, "a") as f:
+    for row in rows:
+      f.write(json.dumps(row) + "\n")
+
+
 def read_metrics(path: str) -> list[dict]:
   with open(path) as f:
     return [json.loads(line) for line in f if line.strip()]

@@ -37,7 +37,6 @@ import asyncio
 import bisect
 import concurrent.futures
 import dataclasses
-import json
 import logging
 import os
 import threading
@@ -304,11 +303,6 @@ class Collector:
     self.buffer.put(seq, group, group_version(group, self.versions))
 
 
-def _write_jsonl(path: str, row: dict) -> None:
-  with open(path, "a") as f:
-    f.write(json.dumps(row) + "\n")
-
-
 def async_grpo_train(config, *, policy: Policy, generator: Generator, synchronizer, env, tokenizer,
                      train_tasks: Sequence[Mapping[str, Any]], val_tasks: Sequence[Mapping[str, Any]],
                      workdir: str, reference: Policy | Callable[[], Policy] | None = None,
@@ -345,8 +339,8 @@ def async_grpo_train(config, *, policy: Policy, generator: Generator, synchroniz
                           settings=settings, versions=versions)
     validator = Validator(config, policy, generator, env, tokenizer, val_tasks, settings, ckpt_root,
                           collector.run_coro, samples_path=os.path.join(workdir, VAL_SAMPLES))
-    _write_jsonl(os.path.join(workdir, ASYNC_LOG), dict(start=start, next_seq=buffer.next_seq,
-                                                        pending=sorted(buffer.pending)))
+    workdir_lib.append_jsonl(os.path.join(workdir, ASYNC_LOG), [dict(start=start, next_seq=buffer.next_seq,
+                                                                      pending=sorted(buffer.pending))])
     collector.start()
     if g.val_at_start and start == 0 and validator.tasks:
       writer.write(0, validator(0))
@@ -395,9 +389,9 @@ def async_grpo_train(config, *, policy: Policy, generator: Generator, synchroniz
       dropped = buffer.drain_dropped()
       if validator.due(step):
         metrics.update(validator(step))
-      _write_jsonl(os.path.join(workdir, ASYNC_LOG), dict(
+      workdir_lib.append_jsonl(os.path.join(workdir, ASYNC_LOG), [dict(
           step=step, seqs=[e.seq for e in entries], instance_ids=[e.group.task.get("instance_id") for e in entries],
-          versions=[e.version for e in entries], dropped=dropped))
+          versions=[e.version for e in entries], dropped=dropped)])
       if ck.enabled and (step % ck.save_period == 0 or step == g.max_num_steps):
         with _timed(times, "checkpoint"):
           async_state = buffer.state()   # one consistent snapshot: sampler, pending, ready

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -187,7 +186,7 @@ def train_on_groups(policy: Policy, groups: Sequence[Group], loss_fn: LossFn, *,
   metrics = importance_stats(batch.extras["prev_logprobs"], batch.extras["generation_logprobs"], m, is_cap)
   steps = [policy.train_step(mb, loss_fn) for mb in split_rows(batch, num_minibatches)]
   for k in steps[0]:
-    metrics[f"train/{k}"] = float(steps[-1][k] if k == "lr" else np.mean([float(m[k]) for m in steps]))
+    metrics[f"train/{k}"] = float(steps[-1][k] if k == "lr" else np.mean([float(s[k]) for s in steps]))
   metrics["train/minibatches"] = float(len(steps))
   metrics["train/sequences"] = float(batch.batch_size)
   metrics["train/tokens"] = float(m.sum())
@@ -221,8 +220,8 @@ def run_validation(generator: Generator, env, tokenizer, tasks: Sequence[Mapping
   rewards = [g.rewards[0] for g in groups]
   if samples is not None:
     for g, r in zip(groups, rewards):
-      samples.append(dict(instance_id=str(g.task.get("instance_id", "")), completion=g.texts[0] if g.texts
-                          else g.completions[0].text, reward=float(r.value), malformed=bool(r.malformed),
+      samples.append(dict(instance_id=str(g.task.get("instance_id", "")), completion=g.texts[0],
+                          reward=float(r.value), malformed=bool(r.malformed),
                           reason=str(r.info.get("reason", ""))))
   out = {"val/reward_mean": float(np.mean([r.value for r in rewards])),
          "val/malformed_fraction": float(np.mean([r.malformed for r in rewards])),
@@ -296,7 +295,7 @@ class RunSettings:
                sampling=SamplingParams(temperature=r.temperature, top_p=r.top_p, max_tokens=r.max_new_tokens),
                val_sampling=SamplingParams(temperature=r.val_temperature, top_p=1.0,
                                            max_tokens=r.max_new_tokens, seed=config.run.seed),
-               num_minibatches=int(config.grpo.get("num_minibatches", 1)))
+               num_minibatches=int(config.grpo.num_minibatches))
 
   def train(self, policy: Policy, groups: Sequence[Group], reference: Policy | None) -> dict[str, float]:
     return train_on_groups(policy, groups, self.pg_loss, pad_id=self.pad_id, kl_coef=self.kl_coef,
@@ -328,9 +327,7 @@ class Validator:
       val = run_validation(self.generator, self.env, self.tokenizer, self.tasks, self.settings.val_sampling,
                            self.run_coro, self.settings.max_in_flight, samples=samples)
     if self.samples_path:
-      with open(self.samples_path, "a") as f:
-        for rec in samples:
-          f.write(json.dumps({"step": step, **rec}) + "\n")
+      workdir_lib.append_jsonl(self.samples_path, ({"step": step, **rec} for rec in samples))
     val.update(times)
     self.history.append({"step": step, **val})
     if ck.enabled:
