@@ -133,8 +133,8 @@ class HangingScoreEnv(FirstDigitEnv):
   calls = 0
 
   async def score(self, task, completion):
-    HangingScoreEnv.calls += 1
-    if HangingScoreEnv.calls == 1:
+    self.calls += 1   # per instance: each test's env hangs on its own first call
+    if self.calls == 1:
       await asyncio.sleep(3600)
     return await super().score(task, completion)
 
@@ -142,7 +142,11 @@ class HangingScoreEnv(FirstDigitEnv):
 def test_a_hung_scoring_is_dropped(tokenizer, tmp_path):
   config = async_config(**SMALL, **{"grpo.async_grpo.score_timeout_s": 0.3})
   env = HangingScoreEnv(MathConfig.from_config(config))
-  _, steps, log, _ = run(config, tokenizer, tmp_path, env=env)
+  # Each generate call takes 0.3 s, so the run outlasts the timeout on any machine: the hung group
+  # (calls 0-3, version 0) times out at ~0.6 s, and step 3 needs a group from a call that can only
+  # start after step 2's push (calls 4-5 end >= 0.6 s), ready >= 0.9 s. Without the delay a fast
+  # machine finished all 3 steps before the 0.3 s timeout fired.
+  _, steps, log, _ = run(config, tokenizer, tmp_path, env=env, delay=0.3)
   assert steps[-1]["async/timeouts_score"] == 1 and steps[-1]["buffer/dropped/timeout"] == 1
   assert len({s for row in log for s in row["seqs"]}) == 6
 
