@@ -51,7 +51,9 @@ setup(
     version="0.1.0",
     description="Asynchronous GRPO against rewards from real code execution (JAX-first).",
     python_requires="==3.11.*",
-    packages=find_packages(include=["dockyard", "dockyard.*", "launch", "launch.*"]),
+    # configs/ is a package too: `from configs import swe` must work from any script (bench/*.py
+    # run as `python bench/X.py` have bench/, not the repo root, on sys.path).
+    packages=find_packages(include=["dockyard", "dockyard.*", "launch", "launch.*", "configs"]),
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS,
 )

@@ -1,12 +1,15 @@
 """Async vs sync GRPO: the same optimizer steps on the same config, both measured in one run.
 
   python bench/async_vs_sync.py --quick      # < 60 s on a 2-core CPU machine
+  python bench/async_vs_sync.py --smoke      # 1 step x 2 prompts x 2 samples, seconds (CI)
 
 Real parts: a tiny Qwen2 model made locally (`dockyard.models.tiny`), the JAX trainer
 (`JaxPolicy`), one in-process CPU vLLM engine with the in-process refit transport and its
 canary, and the math env (in-process verifier). The SWE env is not used: a randomly initialized
 tiny model never writes a parseable diff, so the SWE env would mark every completion malformed
-without calling the sandbox, and its score side would measure nothing. A warm-up sync step compiles the trainer first; then the sync run
+without calling the sandbox, and its score side would measure nothing. The math config's KL
+penalty is on, so every train step also runs a reference policy's forward (the checkpoint, built
+once), as the real loop does. A warm-up sync step compiles the trainer first; then the sync run
 and the async run each start from the checkpoint's weights and take `--steps` optimizer steps.
 
 Prints each run's wall time and step times, then for async the ratio of its mean step time to
@@ -27,7 +30,6 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -60,15 +62,18 @@ def mean_of(rows, *keys):
 
 def main():
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("--quick", action="store_true", help="a few short steps (< 60 s)")
+  mode = p.add_mutually_exclusive_group()
+  mode.add_argument("--smoke", action="store_true", help="one tiny step per run (seconds)")
+  mode.add_argument("--quick", action="store_true", help="a few short steps (< 60 s)")
   p.add_argument("--steps", type=int, default=None)
   p.add_argument("--prompts", type=int, default=None)
   p.add_argument("--generations", type=int, default=None)
   p.add_argument("--max_new_tokens", type=int, default=None)
   args = p.parse_args()
+  smoke = dict(steps=1, prompts=2, generations=2, max_new_tokens=4)
   quick = dict(steps=3, prompts=2, generations=4, max_new_tokens=12)
   full = dict(steps=10, prompts=4, generations=8, max_new_tokens=48)
-  for k, v in (quick if args.quick else full).items():
+  for k, v in (smoke if args.smoke else quick if args.quick else full).items():
     if getattr(args, k) is None:
       setattr(args, k, v)
   if min(args.steps, args.prompts, args.max_new_tokens) < 1 or args.generations < 2:
@@ -94,7 +99,11 @@ def main():
   tokenizer = AutoTokenizer.from_pretrained(model_path)
   engine = VLLMEngine(model_path, config.rollout, seed=config.run.seed)
   env = MathEnv(MathConfig.from_config(config))
-  print(f"setup (model, tokenizer, vLLM engine): {time.perf_counter() - t_all:.1f} s", flush=True)
+  # The math config's KL penalty needs a reference policy. No warm start here, so the reference
+  # is the checkpoint itself: built once and shared by the three runs (as the runner would build
+  # it, but not per run, so its forward compiles once).
+  reference = JaxPolicy.from_hf(model_path, config) if config.loss_fn.reference_policy_kl_penalty else None
+  print(f"setup (model, tokenizer, vLLM engine, reference policy): {time.perf_counter() - t_all:.1f} s", flush=True)
 
   def run(train_fn, steps, workdir):
     c = config.copy_and_resolve_references()
@@ -104,7 +113,8 @@ def main():
     refit(sync)                      # the engine starts every run from the same weights
     t0 = time.perf_counter()
     train_fn(c, policy=policy, generator=engine, synchronizer=sync, env=env, tokenizer=tokenizer,
-             train_tasks=env.train, val_tasks=env.validation, workdir=workdir, progress=False)
+             train_tasks=env.train, val_tasks=env.validation, workdir=workdir, reference=reference,
+             progress=False)
     wall = time.perf_counter() - t0
     rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
     return wall, [r for r in rows if "time/step" in r]

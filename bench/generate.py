@@ -4,8 +4,9 @@ Both run in this process on the same locally made checkpoint, greedy, the same p
 same number of new tokens (EOS ignored on both sides so the token counts are equal); tokens/s is
 new tokens over wall time, median of interleaved repetitions.
 
-  python bench/generate.py [--quick]
-Ends with `RESULT vllm_vs_hf_generate <vllm tokens/s / hf tokens/s> x`.
+  python bench/generate.py [--smoke | --quick]
+
+`--smoke` (CI: tests/bench) runs the same path once on 2 prompts x 4 tokens. Ends with `RESULT vllm_vs_hf_generate <vllm tokens/s / hf tokens/s> x`.
 """
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--quick", action="store_true", help="fewer prompts and tokens (under a minute)")
+  mode = parser.add_mutually_exclusive_group()
+  mode.add_argument("--smoke", action="store_true", help="2 prompts x 4 tokens, once (seconds)")
+  mode.add_argument("--quick", action="store_true", help="fewer prompts and tokens (under a minute)")
   args = parser.parse_args()
   import torch
   import transformers
@@ -29,7 +32,7 @@ def main():
   from dockyard.models.tiny import make_tiny_model
   from dockyard.rollout.vllm_engine import VLLMEngine
 
-  num_prompts, new_tokens, reps = (8, 32, 3) if args.quick else (32, 128, 5)
+  num_prompts, new_tokens, reps = (2, 4, 1) if args.smoke else (8, 32, 3) if args.quick else (32, 128, 5)
   path = make_tiny_model()
   rng = torch.Generator().manual_seed(0)
   prompts = [torch.randint(3, 1000, (24,), generator=rng).tolist() for _ in range(num_prompts)]

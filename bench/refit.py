@@ -6,8 +6,10 @@ the sync (default: the colocated in-process transport: pack -> collective_rpc ->
 `reload_weights` -> tied-head repack) and `np.copyto` of the same number of bytes. The shared-
 memory transport is timed too and printed for information.
 
-  python bench/refit.py [--quick]
-Ends with `RESULT refit_vs_memcpy <sync_time / memcpy_time> x`.
+  python bench/refit.py [--smoke | --quick]
+
+`--smoke` (CI: tests/bench) runs the same path once on the default tiny model (0.5M parameters);
+its ratio means little. Ends with `RESULT refit_vs_memcpy <sync_time / memcpy_time> x`.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import time
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
+# full and --quick; --smoke uses the default tiny model.
 SPEC = dict(family="qwen2", hidden_size=768, intermediate_size=2048, num_hidden_layers=8,
             num_attention_heads=12, num_key_value_heads=4, vocab_size=1024, tie_word_embeddings=True,
             max_position_embeddings=1024)
@@ -34,7 +37,9 @@ def median_time(fn, reps: int) -> float:
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--quick", action="store_true", help="fewer repetitions (under a minute)")
+  mode = parser.add_mutually_exclusive_group()
+  mode.add_argument("--smoke", action="store_true", help="one repetition on the tiny model (seconds)")
+  mode.add_argument("--quick", action="store_true", help="fewer repetitions (under a minute)")
   args = parser.parse_args()
   import numpy as np
   from safetensors.numpy import load_file
@@ -44,14 +49,14 @@ def main():
   from dockyard.refit.transports import InProcessTransport, SharedMemoryTransport
   from dockyard.rollout.vllm_engine import VLLMEngine
 
-  path = make_tiny_model(SPEC)
+  path = make_tiny_model(None if args.smoke else SPEC)
   weights = list(load_file(os.path.join(path, "model.safetensors")).items())
   nbytes = sum(a.nbytes for _, a in weights)
   params = sum(a.size for _, a in weights)
   rollout = swe.get_config("tiny").rollout
   rollout.max_model_len = 512
   engine = VLLMEngine(path, rollout)
-  reps = 3 if args.quick else 10
+  reps = 1 if args.smoke else 3 if args.quick else 10
 
   src = np.empty(nbytes, np.uint8)
   src[:] = 1

@@ -1,6 +1,6 @@
 """Sandbox overhead: per-verdict wall time vs bare pytest of the same tests, and verdicts/min.
 
-  python bench/sandbox.py [--quick]
+  python bench/sandbox.py [--smoke | --quick]
 
 Side by side in one run, on the synthetic repo (dockyard.sandbox.synthetic, with extra tests so
 pytest has some work): (a) bare `python -m pytest` of the task's test files on a ready checkout
@@ -40,9 +40,11 @@ def _checkout(repos: str, base: str, dest: str) -> None:
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--quick", action="store_true", help="few repetitions (under 60 s)")
+  mode = parser.add_mutually_exclusive_group()
+  mode.add_argument("--smoke", action="store_true", help="one repetition, 2-verdict batches (seconds; CI)")
+  mode.add_argument("--quick", action="store_true", help="few repetitions (under 60 s)")
   args = parser.parse_args()
-  reps, batch = (3, 4) if args.quick else (10, 12)
+  reps, batch = (1, 2) if args.smoke else (3, 4) if args.quick else (10, 12)
 
   root = tempfile.mkdtemp(prefix="dockyard-bench-")
   try:

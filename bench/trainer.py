@@ -4,45 +4,46 @@ Both sides do the same work per step: forward, masked token-mean NLL, backward, 
 clipping and an AdamW update, in float32 on the CPU. Rounds alternate JAX / torch so that load
 from other processes hits both alike; the median step time of each is compared.
 
-  PYTHONPATH=. python bench/trainer.py [--quick]
+  python bench/trainer.py [--smoke | --quick]
 
-Ends with `RESULT jax_vs_torch_step <torch time / JAX time> x`.
+`--smoke` (CI: tests/bench) runs the same path for one round on the default tiny model
+(0.5M parameters), batch 2 x 16 tokens. Ends with `RESULT jax_vs_torch_step <torch time / JAX time> x`.
 """
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import jax
+import numpy as np
+import torch
+import transformers
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import transformers  # noqa: E402
+from configs import swe
+from dockyard.models.tiny import DEFAULT_SPEC, make_tiny_model
+from dockyard.trainer_jax import sharding as shd
+from dockyard.trainer_jax import train
+from dockyard.trainer_jax.policy import JaxPolicy, masked_nll
 
-from configs import swe  # noqa: E402
-from dockyard.models.tiny import make_tiny_model  # noqa: E402
-from dockyard.trainer_jax import sharding as shd  # noqa: E402
-from dockyard.trainer_jax import train  # noqa: E402
-from dockyard.trainer_jax.policy import JaxPolicy, masked_nll  # noqa: E402
-
+# full and --quick; --smoke uses the default tiny model (DEFAULT_SPEC).
 SPEC = dict(family="qwen2", hidden_size=256, intermediate_size=768, num_hidden_layers=4,
             num_attention_heads=4, num_key_value_heads=2, vocab_size=2048, tie_word_embeddings=True)
 
 
 def main():
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--quick", action="store_true", help="fewer rounds, shorter sequences (< 60 s)")
+  mode = ap.add_mutually_exclusive_group()
+  mode.add_argument("--smoke", action="store_true", help="one round, tiny model and batch (seconds)")
+  mode.add_argument("--quick", action="store_true", help="fewer rounds, shorter sequences (< 60 s)")
   ap.add_argument("--torch_threads", type=int, default=1,
                   help="torch intra-op threads; on a shared 2-core machine more threads oversubscribe "
                        "the cores and torch's step gets ~10x slower, an unfair baseline")
   args = ap.parse_args()
   torch.set_num_threads(args.torch_threads)
-  batch, seq, rounds = (4, 64, 5) if args.quick else (16, 256, 20)
-  path = make_tiny_model(SPEC)
+  batch, seq, rounds = (2, 16, 1) if args.smoke else (4, 64, 5) if args.quick else (16, 256, 20)
+  spec = DEFAULT_SPEC if args.smoke else SPEC
+  path = make_tiny_model(spec)
 
   config = swe.get_config()
   config.optim.micro_batch_size = batch
@@ -52,7 +53,7 @@ def main():
   n_params = policy.model.config.num_params()
 
   rng = np.random.default_rng(0)
-  ids = rng.integers(0, SPEC["vocab_size"], (batch, seq)).astype(np.int32)
+  ids = rng.integers(0, spec["vocab_size"], (batch, seq)).astype(np.int32)
   loss_mask = np.ones_like(ids)
   loss_mask[:, : seq // 4] = 0  # a prompt quarter that is not trained on
   put = lambda x: jax.device_put(x[None], shd.batch_sharding(mesh, policy.rules, 3, 1))
