@@ -10,7 +10,9 @@ tiny model never writes a parseable diff, so the SWE env would mark every comple
 without calling the sandbox, and its score side would measure nothing. The math config's KL
 penalty is on, so every train step also runs a reference policy's forward (the checkpoint, built
 once), as the real loop does. A warm-up sync step compiles the trainer first; then the sync run
-and the async run each start from the checkpoint's weights and take `--steps` optimizer steps.
+and the async run each take `--steps` optimizer steps from the same start: one policy, restored
+to its initial checkpoint (weights, optimizer state, step) before each run, so the jitted step
+compiled in the warm-up is reused and neither timed run includes a compile.
 
 Prints each run's wall time and step times, then for async the ratio of its mean step time to
 max(train + refit per step, generate + score per step), train from the async run, generate +
@@ -85,7 +87,7 @@ def main():
 
   from dockyard.envs.math import MathConfig, MathEnv
   from dockyard.grpo.async_loop import async_grpo_train
-  from dockyard.grpo.sync_loop import grpo_train, refit
+  from dockyard.grpo.sync_loop import grpo_train, make_losses, refit
   from dockyard.models.tiny import make_tiny_model
   from dockyard.refit.synchronizer import create_weight_synchronizer
   from dockyard.rollout.vllm_engine import VLLMEngine
@@ -103,23 +105,31 @@ def main():
   # is the checkpoint itself: built once and shared by the three runs (as the runner would build
   # it, but not per run, so its forward compiles once).
   reference = JaxPolicy.from_hf(model_path, config) if config.loss_fn.reference_policy_kl_penalty else None
-  print(f"setup (model, tokenizer, vLLM engine, reference policy): {time.perf_counter() - t_all:.1f} s", flush=True)
+  # One pair of loss callables for all runs: the loss is a static argument of the jitted train
+  # step, so a fresh one per run would recompile it inside each timed run's first step.
+  losses = make_losses(config)
+  # One policy, reset to its initial checkpoint before each run: a new JaxPolicy would bring a new
+  # optax transform into the jitted step's static graph and recompile it inside the timed run.
+  policy = JaxPolicy.from_hf(model_path, config)
+  print(f"setup (model, tokenizer, vLLM engine, policies): {time.perf_counter() - t_all:.1f} s", flush=True)
 
   def run(train_fn, steps, workdir):
     c = config.copy_and_resolve_references()
     c.grpo.max_num_steps = steps
-    policy = JaxPolicy.from_hf(model_path, c)
+    policy.restore(initial)          # same weights, optimizer state and step for every run
     sync = create_weight_synchronizer(c, policy, engine)
     refit(sync)                      # the engine starts every run from the same weights
     t0 = time.perf_counter()
     train_fn(c, policy=policy, generator=engine, synchronizer=sync, env=env, tokenizer=tokenizer,
              train_tasks=env.train, val_tasks=env.validation, workdir=workdir, reference=reference,
-             progress=False)
+             losses=losses, progress=False)
     wall = time.perf_counter() - t0
     rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
     return wall, [r for r in rows if "time/step" in r]
 
   with tempfile.TemporaryDirectory() as tmp:
+    initial = os.path.join(tmp, "initial")
+    policy.save(initial)
     run(grpo_train, 1, os.path.join(tmp, "warmup"))          # jit compile, engine warm-up
     sync_wall, sync_rows = run(grpo_train, args.steps, os.path.join(tmp, "sync"))
     async_wall, async_rows = run(async_grpo_train, args.steps, os.path.join(tmp, "async"))
