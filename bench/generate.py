@@ -6,7 +6,8 @@ new tokens over wall time, median of interleaved repetitions.
 
   python bench/generate.py [--smoke | --quick]
 
-`--smoke` (CI: tests/bench) runs the same path once on 2 prompts x 4 tokens. Ends with `RESULT vllm_vs_hf_generate <vllm tokens/s / hf tokens/s> x`.
+`--smoke` (CI: tests/bench) runs the same path once on 2 prompts x 4 tokens.
+Ends with `RESULT vllm_vs_hf_generate <vllm tokens/s / hf tokens/s> x`.
 """
 from __future__ import annotations
 

@@ -7,7 +7,8 @@ from other processes hits both alike; the median step time of each is compared.
   python bench/trainer.py [--smoke | --quick]
 
 `--smoke` (CI: tests/bench) runs the same path for one round on the default tiny model
-(0.5M parameters), batch 2 x 16 tokens. Ends with `RESULT jax_vs_torch_step <torch time / JAX time> x`.
+(0.5M parameters), batch 2 x 16 tokens.
+Ends with `RESULT jax_vs_torch_step <torch time / JAX time> x`.
 """
 from __future__ import annotations
 
