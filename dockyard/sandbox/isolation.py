@@ -227,36 +227,9 @@ class View:
     return f"{INPUT_DIR}/{name}"
 
   def snapshot_upper(self, max_entries: int = MAX_SNAPSHOT_ENTRIES) -> dict[str, tuple]:
-    """(kind, size, mtime) of everything in the upper layer: what runs have written so far.
-
-    An explicit stack, not os.walk (recursive in 3.11: a 1,500-deep tree raised RecursionError),
-    and at most `max_entries` entries; past that the result holds OVERFLOW_KEY. It blocks on the
-    file system: call it in a thread (`asyncio.to_thread`), never on the event loop.
-    """
-    root = self.host_path("up")
-    out: dict[str, tuple] = {}
-    stack = [""]
-    while stack:
-      rel = stack.pop()
-      try:
-        entries = list(os.scandir(os.path.join(root, rel) if rel else root))
-      except OSError:
-        continue
-      for entry in entries:
-        if len(out) >= max_entries:
-          out[OVERFLOW_KEY] = ("overflow", len(out), 0)
-          return out
-        path = f"{rel}/{entry.name}" if rel else entry.name
-        st = entry.stat(follow_symlinks=False)
-        if entry.is_symlink():
-          kind = "link"
-        elif entry.is_dir(follow_symlinks=False):
-          kind = "dir"
-          stack.append(path)
-        else:
-          kind = "file"
-        out[path] = (kind, st.st_size, st.st_mtime_ns)
-    return out
+    """What runs have written so far (see `walk_tree`). It blocks on the file system: call it
+    in a thread (`asyncio.to_thread`), never on the event loop (200k files stalled /healthz)."""
+    return walk_tree(self.host_path("up"), max_entries)
 
   def bwrap_argv(self, argv: Sequence[str], env: dict[str, str], ro_files: Sequence[str] = (),
                  cwd: str = WORKDIR, info_fd: int | None = None) -> list[str]:
@@ -333,6 +306,41 @@ class View:
       output = Output(b"", b"[output pipe held open past the run; dropped]", 0)
     return RunResult(None if timed_out else proc.returncode, timed_out,
                      time.monotonic() - start, output)
+
+
+def walk_tree(root: str, max_entries: int = MAX_SNAPSHOT_ENTRIES) -> dict[str, tuple]:
+  """{relative path: (kind, size, mtime_ns)} of everything under root, symlinks not followed.
+
+  An explicit stack, not os.walk (recursive in Python 3.11: a 1,500-deep tree raised
+  RecursionError), and at most `max_entries` entries; past that the result holds OVERFLOW_KEY.
+  """
+  out: dict[str, tuple] = {}
+  stack = [""]
+  while stack:
+    rel = stack.pop()
+    try:
+      with os.scandir(os.path.join(root, rel) if rel else root) as it:
+        entries = list(it)
+    except OSError:
+      continue
+    for entry in entries:
+      if len(out) >= max_entries:
+        out[OVERFLOW_KEY] = ("overflow", len(out), 0)
+        return out
+      path = f"{rel}/{entry.name}" if rel else entry.name
+      try:
+        st = entry.stat(follow_symlinks=False)
+      except OSError:
+        continue
+      if entry.is_symlink():
+        kind = "link"
+      elif entry.is_dir(follow_symlinks=False):
+        kind = "dir"
+        stack.append(path)
+      else:
+        kind = "file"
+      out[path] = (kind, st.st_size, st.st_mtime_ns)
+  return out
 
 
 def pipe_with(data: bytes) -> int:
