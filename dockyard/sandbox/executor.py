@@ -5,9 +5,11 @@
 Steps: static integrity checks on the agent's patch; the cached tree for (repo, base_commit); a
 private view; the apply cascade (`git apply`, `git apply --3way`, `patch --fuzz`, the view reset
 between tries); held-out files forced back to base_commit and files the test_patch adds removed;
-the test_patch applied; a randomly named canary test added; pytest run under bubblewrap with our
-reporting plugin writing to a pipe; what the run wrote checked; grading. A patch that does not
-apply, a missing repo or a timeout is a verdict with a reason, never an exception.
+the test_patch applied; a randomly named canary test and poisoned twins of some FAIL_TO_PASS
+tests added; pytest run under bubblewrap through our launcher (trusted imports before any repo
+code, configuration on a pipe it consumes) with our reporting plugin writing to a pipe; what the
+run wrote checked; grading. A patch that does not apply, a missing repo or a timeout is a
+verdict with a reason, never an exception. Threat model: docs/sandbox-integrity.md.
 """
 from __future__ import annotations
 
