@@ -273,3 +273,10 @@ async def test_listed_skips_are_graded_skipped_and_not_resolved(repo, fidelity, 
   plain = _plain_statuses(_plain_pytest(r["gold_tree"], r["files"]).stdout)
   assert all(plain[t] == "SKIPPED" for t in r["skipped"]), plain
   assert v["findings"] == [], v["findings"]   # a skip is a miss, not tampering
+
+
+async def test_attack_suite_baseline_gold_fix_of_a_repo_with_xfail_tests_scores_1(fidelity, executor):
+  # Part of `-k attack`: the defences must not cost a correct fix its reward.
+  r = fidelity["fid/marks"]
+  v = await executor.run(_task("fid/marks", r, r["gold"], tag="attack-baseline"))
+  assert v["resolved"] and v["reward"] == 1.0 and v["findings"] == [], v["reason"]
