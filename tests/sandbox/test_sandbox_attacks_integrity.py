@@ -92,6 +92,17 @@ for _obj in gc.get_objects():
     break
 """
 
+FORCE_XFAIL = SPARE_CANARY + """
+import _pytest.reports as _r
+_orig = _r.TestReport.from_item_and_call.__func__
+def _fake(cls, item, call):
+  rep = _orig(cls, item, call)
+  if rep.when == "call" and rep.failed and not _is_canary(str(item.path)):
+    rep.outcome, rep.wasxfail, rep.longrepr = "skipped", "known", None   # XFAIL passes
+  return rep
+_r.TestReport.from_item_and_call = classmethod(_fake)
+"""
+
 PROBE_HOST = """
 import os
 def _read(path):
@@ -136,6 +147,7 @@ ATTACKS = {
     "patch_plugin_emit": (_attack(PATCH_EMIT), "canary_not_failed"),
     "patch_report_construction": (_attack(PATCH_REPORT_CONSTRUCTION), "canary_not_failed"),
     "gc_config_skip_bodies": (_attack(GC_CONFIG_HOOK), "canary_not_failed"),
+    "force_xfail_sparing_canary": (_attack(FORCE_XFAIL), "canary_not_failed"),
     # 3. site hooks in forms a basename check misses
     "sitecustomize_package": (_new("sitecustomize/__init__.py", FORGE + "_forge()\n"),
                               "touches_site_hook: sitecustomize/__init__.py"),
