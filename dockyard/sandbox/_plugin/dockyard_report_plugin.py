@@ -7,10 +7,11 @@ per run). Hooks write one JSON line per report to the pipe (subtest reports are 
 several call reports under one node id are expected, not forged).
 
 Poisoned twins: the executor copied some FAIL_TO_PASS tests, next to themselves in their files,
-under random names. Every collected item gets the same wrapper around `runtest` and `iter_markers`; for a twin
-the wrapper drops skip/xfail marks and raises after the body, whatever the body did, so a twin
-always fails unless something rewrote its result. Code that forces results cannot tell twins from
-real tests by name, source or markers (see docs/sandbox-integrity.md for what it still can).
+under random names. Every collected item gets the same wrapper around `runtest` and
+`iter_markers`; for a twin the wrapper drops skip/xfail marks and raises after the body,
+whatever the body did, so a twin always fails unless something rewrote its result. Code that
+forces results cannot tell twins from real tests by name, source or markers (what it still can
+is in docs/sandbox-integrity.md).
 This file must import nothing from dockyard: inside the sandbox only this directory is mounted.
 """
 import json
