@@ -30,6 +30,7 @@ INSTALL_REQUIRES = [
     "httpx==0.29.0",
     "tenacity==9.2.1",
     "unidiff==1.0.1",
+    "iniconfig==2.3.1",  # the sandbox reads pytest config with the parser pytest itself uses
     # metrics and progress
     "tensorboardX==2.6.5",
     "matplotlib==3.11.2",

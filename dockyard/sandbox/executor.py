@@ -5,31 +5,35 @@
 Steps: static integrity checks on the agent's patch; the cached tree for (repo, base_commit); a
 private view; the apply cascade (`git apply`, `git apply --3way`, `patch --fuzz`, the view reset
 between tries); held-out files forced back to base_commit and files the test_patch adds removed;
-the test_patch applied; a randomly named canary test added; pytest run under bubblewrap with our
-reporting plugin writing to a pipe; what the run wrote checked; grading. A patch that does not
-apply, a missing repo or a timeout is a verdict with a reason, never an exception.
+the test_patch applied; a randomly named canary test and poisoned twins of some FAIL_TO_PASS
+tests added; pytest run under bubblewrap through our launcher (trusted imports before any repo
+code, configuration on a pipe it consumes) with our reporting plugin writing to a pipe; what the
+run wrote checked; grading. A patch that does not apply, a missing repo or a timeout is a
+verdict with a reason, never an exception. Threat model: docs/sandbox-integrity.md.
 """
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import os
+import posixpath
 import secrets
 import shlex
 import sys
 import time
 from typing import Any
 
-from dockyard.sandbox import grading, integrity
+from dockyard.sandbox import grading, integrity, twins
 from dockyard.sandbox.cache import RepoCache, RepoError
-from dockyard.sandbox.isolation import WORKDIR, Limits, View, check_host
+from dockyard.sandbox.isolation import WORKDIR, Limits, View, pipe_with, check_host
 from dockyard.sandbox.task import Task, parse_task
 
 __all__ = ["Executor", "Limits"]
 
 PLUGIN_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_plugin")
 PLUGIN_MOUNT = "/dockyard/plugin"
-PLUGIN_NAME = "dockyard_report_plugin"
+LAUNCHER = "dockyard_launch.py"
 _GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_COUNT": "1",
             "GIT_CONFIG_KEY_0": "safe.directory", "GIT_CONFIG_VALUE_0": "*"}
 APPLY_CASCADE = (
@@ -60,7 +64,9 @@ class Verdict:
 
   def finish(self) -> dict[str, Any]:
     self.findings = list(dict.fromkeys(self.findings))
-    self.reward = 0.0 if self.findings else float(self.resolved)
+    # One truth: resolved means reward 1; any finding takes both away.
+    self.resolved = self.resolved and not self.findings
+    self.reward = float(self.resolved)
     return dataclasses.asdict(self)
 
 
@@ -78,8 +84,9 @@ class _Timer:
 class Executor:
 
   def __init__(self, repos_dir: str | None = None, cache_dir: str | None = None,
-               slots: int | None = None, limits: Limits | None = None):
+               slots: int | None = None, limits: Limits | None = None, max_twins: int = 3):
     check_host()
+    self.max_twins = max_twins  # poisoned twins per run (each re-runs one FAIL_TO_PASS test)
     self.cache = RepoCache(repos_dir, cache_dir)
     self.slots = slots or os.cpu_count() or 1
     if self.slots < 1:
@@ -157,23 +164,34 @@ class Executor:
       v.reason = reason
       return
 
+    # The canary goes in the test files' common directory, so pytest finds the same ini file
+    # (and rootdir-moving tests/pytest.ini) it would for the test files alone.
+    canary_dir = posixpath.commonpath([posixpath.dirname(p) for p in task.test_files])
+    if not os.path.isdir(view.host_path("work", canary_dir)) or os.path.islink(
+        view.host_path("work", canary_dir)):
+      canary_dir = ""
     canary_tag = secrets.token_hex(6)
-    canary_file = f"test_dockyard_canary_{canary_tag}.py"
-    canary_id = f"{canary_file}::test_canary_{canary_tag}"
+    canary_file = posixpath.join(canary_dir, f"test_{canary_tag}.py")
+    canary_id = f"{canary_file}::test_{canary_tag}"
     fd = os.open(view.host_path("work", canary_file),
                  os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     with os.fdopen(fd, "w") as f:
-      f.write(f"def test_canary_{canary_tag}():\n  assert False, 'dockyard canary: must fail'\n")
-    before = view.snapshot_upper()
+      f.write(f"def test_{canary_tag}():\n  assert False, 'must fail'\n")
+    with _Timer(v.timings, "twins"):
+      twin_list = self._twins(view, task)
+    before = await asyncio.to_thread(view.snapshot_upper)
 
     with _Timer(v.timings, "tests"):
-      exit_code, timed_out, report, output = await self._pytest(view, task, canary_file, lower)
+      exit_code, timed_out, report, output = await self._pytest(
+          view, task, canary_file, lower, [t.name for t in twin_list])
     events = grading.parse_events(report)
     found, tamper = grading.statuses(events)
     v.findings += tamper
     if not timed_out:  # a killed run has no canary result; the timeout is its reason
       v.findings += grading.run_checks(events, exit_code, canary_id, found)
-    v.findings += integrity.run_findings(before, view.snapshot_upper())
+      v.findings += grading.twin_checks(found, [(t.original, t.twin) for t in twin_list])
+    after = await asyncio.to_thread(view.snapshot_upper)
+    v.findings += integrity.run_findings(before, after)
     v.tests_status = grading.expected_statuses(found, task.expected_tests)
     v.resolved, v.pass_rate = grading.grade(v.tests_status, task.fail_to_pass, task.pass_to_pass)
     if len(report) >= _MAX_REPORT_BYTES:
@@ -190,6 +208,20 @@ class Executor:
     else:
       bad = [t for t, s in v.tests_status.items() if s not in grading.PASSING]
       v.reason = f"{len(bad)} of {len(v.tests_status)} tests not passing (exit code {exit_code})"
+
+  def _twins(self, view: View, task: Task) -> list[twins.Twin]:
+    """Writes poisoned twins of some FAIL_TO_PASS tests into their (held-out) files."""
+    sources = {}
+    for path in dict.fromkeys(t.split("::", 1)[0] for t in task.fail_to_pass):
+      text = _read(view.host_path("work", path))
+      if text is not None and len(text) < (2 << 20):
+        sources[path] = text
+    new_texts, twin_list = twins.add_twins(sources, task.fail_to_pass, limit=self.max_twins)
+    for path, text in new_texts.items():
+      fd = os.open(view.host_path("work", path), os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
+      with os.fdopen(fd, "w") as f:
+        f.write(text)
+    return twin_list
 
   async def _restore(self, view: View, lower: str, task: Task, protected: list[str]) -> str:
     """Forces held-out files back to base_commit and applies the test_patch; '' on success."""
@@ -209,23 +241,30 @@ class Executor:
       return f"restoring held-out tests / applying test_patch failed: {res.output.text()[-1500:]}"
     return ""
 
-  async def _pytest(self, view: View, task: Task, canary_file: str, lower: str):
-    src = os.path.isdir(os.path.join(lower, "src"))
-    pythonpath = f"{PLUGIN_MOUNT}:{WORKDIR}/src" if src else f"{PLUGIN_MOUNT}:{WORKDIR}"
+  async def _pytest(self, view: View, task: Task, canary_file: str, lower: str,
+                    twin_names: list[str]):
+    paths = [f"{WORKDIR}/src", WORKDIR] if os.path.isdir(os.path.join(lower, "src")) else [WORKDIR]
     read_fd, write_fd = os.pipe()
-    env = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONPATH": pythonpath,
-           "DOCKYARD_REPORT_FD": str(write_fd)}
-    argv = [sys.executable, "-m", "pytest", "-p", PLUGIN_NAME, "-p", "no:cacheprovider",
-            # A file that fails to import must not stop the others (or the canary) from running.
-            f"--rootdir={WORKDIR}", "-q", "--tb=short", "--color=no",
-            "--continue-on-collection-errors",
-            *task.test_files, canary_file]
+    config = {"report_fd": write_fd, "twins": twin_names, "paths": paths,
+              "plugin_name": "_" + secrets.token_hex(8),
+              "args": ["-p", "no:cacheprovider", f"--rootdir={WORKDIR}", "-q", "--tb=short",
+                       "--color=no",
+                       # A file that fails to import must not stop the others (or the canary).
+                       "--continue-on-collection-errors",
+                       # Absolute paths: no test id can ever read as an option.
+                       *[f"{WORKDIR}/{p}" for p in (*task.test_files, canary_file)]]}
+    config_fd = pipe_with(json.dumps(config).encode())
+    env = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    # -P: neither the script's directory nor the cwd goes on sys.path; -s: no user site; the
+    # environment has no PYTHONPATH: the interpreter starts on the stdlib and site-packages only.
+    argv = [sys.executable, "-P", "-s", "-B", f"{PLUGIN_MOUNT}/{LAUNCHER}", str(config_fd)]
     ro = [canary_file] + [p for p in task.test_files if os.path.lexists(view.host_path("work", p))]
     report_task = asyncio.ensure_future(_read_fd(read_fd))
     try:
-      res = await view.exec(argv, env=env, ro_files=ro, pass_fds=[write_fd])
+      res = await view.exec(argv, env=env, ro_files=ro, pass_fds=[write_fd, config_fd])
     finally:
       os.close(write_fd)
+      os.close(config_fd)
     report = await report_task
     return res.exit_code, res.timed_out, report, res.output
 

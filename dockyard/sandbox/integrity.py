@@ -7,20 +7,22 @@ applied, force-restored from base_commit before the tests run, and still zero th
 """
 from __future__ import annotations
 
-import configparser
 import fnmatch
 import posixpath
 import re
 import tomllib
 from typing import Iterable
 
+import iniconfig
 import unidiff
+
+from dockyard.sandbox.isolation import OVERFLOW_KEY
 
 UNSAFE = ("unparseable_patch", "ed_style_hunk", "binary_patch", "symlink", "path_escape")
 
 PYTEST_CONFIG_FILES = ("pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml")
 SECTIONED_CONFIG_FILES = ("pyproject.toml", "setup.cfg", "tox.ini")
-SITE_HOOK_PATTERNS = ("sitecustomize.py", "usercustomize.py", "*.pth")
+SITE_HOOK_MODULES = ("sitecustomize", "usercustomize")
 TEST_DIRS = ("tests", "test")
 _ED_LINE = re.compile(r"^\d+(,\d+)?[acd](\d+(,\d+)?)?$", re.M)
 _MODE_LINE = re.compile(r"^(new file mode|deleted file mode|old mode|new mode) (\d+)$", re.M)
@@ -52,7 +54,12 @@ def is_test_path(path: str) -> bool:
 
 
 def is_site_hook(path: str) -> bool:
-  return any(fnmatch.fnmatch(posixpath.basename(path), p) for p in SITE_HOOK_PATTERNS)
+  """A module `site` would run, in any form: a `.pth` file anywhere, or `sitecustomize` /
+  `usercustomize` as a module file of any suffix or as a package directory, at any depth (the
+  launcher keeps the tree off sys.path at start-up, so these are flagged, not run)."""
+  parts = path.split("/")
+  return parts[-1].endswith(".pth") or any(
+      p.split(".", 1)[0] in SITE_HOOK_MODULES for p in parts)
 
 
 def is_protected(path: str) -> bool:
@@ -105,14 +112,15 @@ def is_unsafe(findings: Iterable[str]) -> bool:
   return any(f.split(":", 1)[0] in UNSAFE for f in findings)
 
 
-def _pytest_sections(name: str, text: str):
-  """The pytest-relevant part of a sectioned config file, comparable between versions."""
+def _pytest_sections(name: str, path: str, text: str):
+  """The pytest-relevant part of a sectioned config file, comparable between versions, read by
+  the parsers pytest itself uses (iniconfig for .ini/.cfg, tomllib for TOML): a header that
+  configparser reads differently from iniconfig (`[tool:pytest] ;]`) cannot slip through."""
   if name == "pyproject.toml":
     return tomllib.loads(text).get("tool", {}).get("pytest")
-  parser = configparser.ConfigParser(interpolation=None, strict=False)
-  parser.read_string(text)
+  ini = iniconfig.IniConfig(path, data=text)
   wanted = ("tool:pytest", "pytest") if name == "setup.cfg" else ("pytest",)
-  return {s: dict(parser[s]) for s in wanted if parser.has_section(s)}
+  return {s: dict(ini[s].items()) for s in wanted if s in ini}
 
 
 def config_finding(path: str, before: str | None, after: str | None) -> str | None:
@@ -121,9 +129,9 @@ def config_finding(path: str, before: str | None, after: str | None) -> str | No
   if name not in SECTIONED_CONFIG_FILES:
     return None
   try:
-    old = _pytest_sections(name, before) if before is not None else None
-    new = _pytest_sections(name, after) if after is not None else None
-  except (tomllib.TOMLDecodeError, configparser.Error) as e:
+    old = _pytest_sections(name, path, before) if before is not None else None
+    new = _pytest_sections(name, path, after) if after is not None else None
+  except (tomllib.TOMLDecodeError, iniconfig.ParseError) as e:
     return f"touches_pytest_config: {path} (cannot parse: {str(e).splitlines()[0]})"
   return None if old == new or (not old and not new) else f"touches_pytest_config: {path}"
 
@@ -131,7 +139,11 @@ def config_finding(path: str, before: str | None, after: str | None) -> str | No
 def run_findings(before: dict[str, tuple], after: dict[str, tuple]) -> list[str]:
   """Findings from what the test run itself wrote into the tree (upper-layer snapshots)."""
   findings = []
+  if OVERFLOW_KEY in after:
+    findings.append(f"run_wrote_too_many_files: more than {len(after) - 1} entries in the tree")
   for path, meta in sorted(after.items()):
+    if path == OVERFLOW_KEY:
+      continue
     if before.get(path) == meta or "__pycache__" in path.split("/"):
       continue
     kind = meta[0]

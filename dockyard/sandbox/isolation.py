@@ -22,6 +22,7 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 import time
 from typing import Sequence
 
@@ -30,6 +31,8 @@ SANDBOX_UID = 65534           # nobody: not root, so RLIMIT_NPROC applies
 WORKDIR = "/testbed"          # where the view appears inside the sandbox
 INPUT_DIR = "/dockyard/in"    # read-only inputs (patches) inside the sandbox
 HOME = "/home/sandbox"
+MAX_SNAPSHOT_ENTRIES = 100_000   # files a run may leave in its tree before the walk stops
+OVERFLOW_KEY = "\0overflow"       # no real path holds a NUL
 
 
 @dataclasses.dataclass
@@ -223,17 +226,10 @@ class View:
       f.write(data)
     return f"{INPUT_DIR}/{name}"
 
-  def snapshot_upper(self) -> dict[str, tuple]:
-    """(kind, size, mtime) of everything in the upper layer: what runs have written so far."""
-    root = self.host_path("up")
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-      for name in dirnames + filenames:
-        full = os.path.join(dirpath, name)
-        st = os.lstat(full)
-        kind = "link" if os.path.islink(full) else "dir" if name in dirnames else "file"
-        out[os.path.relpath(full, root)] = (kind, st.st_size, st.st_mtime_ns)
-    return out
+  def snapshot_upper(self, max_entries: int = MAX_SNAPSHOT_ENTRIES) -> dict[str, tuple]:
+    """What runs have written so far (see `walk_tree`). It blocks on the file system: call it
+    in a thread (`asyncio.to_thread`), never on the event loop (200k files stalled /healthz)."""
+    return walk_tree(self.host_path("up"), max_entries)
 
   def bwrap_argv(self, argv: Sequence[str], env: dict[str, str], ro_files: Sequence[str] = (),
                  cwd: str = WORKDIR, info_fd: int | None = None) -> list[str]:
@@ -273,14 +269,21 @@ class View:
     the pid namespace) and waited for, so nothing of the run is alive when this returns.
     """
     info_r, info_w = os.pipe()
-    cmd = self._nsenter() + self.bwrap_argv(argv, env or {}, ro_files, info_fd=info_w)
+    full = self.bwrap_argv(argv, env or {}, ro_files, info_fd=info_w)
+    # bwrap reads its options (binds with host paths, env) from a pipe it consumes, so the
+    # sandbox's /proc/1/cmdline shows `bwrap --args N prlimit ... <command>`, no host paths.
+    at, end = full.index("bwrap") + 1, full.index("prlimit")
+    args_r = pipe_with(b"".join(a.encode() + b"\0" for a in full[at:end]))
+    cmd = self._nsenter() + full[:at] + ["--args", str(args_r)] + full[end:]
     start = time.monotonic()
     try:
       proc = await asyncio.create_subprocess_exec(
           *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-          stderr=asyncio.subprocess.STDOUT, pass_fds=(info_w, *pass_fds), start_new_session=True)
+          stderr=asyncio.subprocess.STDOUT, pass_fds=(info_w, args_r, *pass_fds),
+          start_new_session=True)
     finally:
       os.close(info_w)
+      os.close(args_r)
     drain = asyncio.ensure_future(_drain(proc.stdout, self.limits.max_output_bytes))
     info = asyncio.ensure_future(_read_small(info_r))
     timed_out = False
@@ -303,6 +306,63 @@ class View:
       output = Output(b"", b"[output pipe held open past the run; dropped]", 0)
     return RunResult(None if timed_out else proc.returncode, timed_out,
                      time.monotonic() - start, output)
+
+
+def walk_tree(root: str, max_entries: int = MAX_SNAPSHOT_ENTRIES) -> dict[str, tuple]:
+  """{relative path: (kind, size, mtime_ns)} of everything under root, symlinks not followed.
+
+  An explicit stack, not os.walk (recursive in Python 3.11: a 1,500-deep tree raised
+  RecursionError), and at most `max_entries` entries; past that the result holds OVERFLOW_KEY.
+  """
+  out: dict[str, tuple] = {}
+  stack = [""]
+  while stack:
+    rel = stack.pop()
+    try:
+      with os.scandir(os.path.join(root, rel) if rel else root) as it:
+        entries = list(it)
+    except OSError:
+      continue
+    for entry in entries:
+      if len(out) >= max_entries:
+        out[OVERFLOW_KEY] = ("overflow", len(out), 0)
+        return out
+      path = f"{rel}/{entry.name}" if rel else entry.name
+      try:
+        st = entry.stat(follow_symlinks=False)
+      except OSError:
+        continue
+      if entry.is_symlink():
+        kind = "link"
+      elif entry.is_dir(follow_symlinks=False):
+        kind = "dir"
+        stack.append(path)
+      else:
+        kind = "file"
+      out[path] = (kind, st.st_size, st.st_mtime_ns)
+  return out
+
+
+def pipe_with(data: bytes) -> int:
+  """A pipe's read end holding `data`; a writer thread feeds what the pipe buffer cannot hold.
+  The reader consumes the data: no other holder of the fd can read it back later."""
+  r, w = os.pipe()
+  if len(data) <= 60000:
+    os.write(w, data)
+    os.close(w)
+    return r
+
+  def feed():
+    try:
+      view = memoryview(data)
+      while view:
+        view = view[os.write(w, view):]
+    except OSError:
+      pass  # the reader died: nothing left to deliver
+    finally:
+      os.close(w)
+  threading.Thread(target=feed, daemon=True).start()
+  return r
 
 
 async def _read_small(fd: int) -> bytes:

@@ -85,6 +85,17 @@ def _error(status: int, message: str) -> JSONResponse:
   return JSONResponse({"error": message}, status_code=status)
 
 
+def _parse_body(raw: bytes):
+  """The JSON body, or a 400 response: invalid JSON, or nested too deep for the parser (a
+  RecursionError, which escaped as a 500 and a reset connection)."""
+  try:
+    return json.loads(raw)
+  except (ValueError, UnicodeDecodeError) as e:
+    return _error(400, f"body: not valid JSON ({e})")
+  except RecursionError:
+    return _error(400, "body: JSON nested too deeply")
+
+
 def make_app(executor, queue_size: int = 1024, keep_done: int = 10000) -> fastapi.FastAPI:
   """The FastAPI app around one `Executor`; its workers start with the app's lifespan."""
   if queue_size < 1:
@@ -102,10 +113,9 @@ def make_app(executor, queue_size: int = 1024, keep_done: int = 10000) -> fastap
 
   @app.post("/task/submit")
   async def submit(request: fastapi.Request):
-    try:
-      body = json.loads(await request.body())
-    except (ValueError, UnicodeDecodeError) as e:
-      return _error(400, f"body: not valid JSON ({e})")
+    body = _parse_body(await request.body())
+    if isinstance(body, JSONResponse):
+      return body
     tasks = body if isinstance(body, list) else [body]
     if not tasks:
       return _error(422, "body: an empty list of tasks")
@@ -142,12 +152,16 @@ def make_app(executor, queue_size: int = 1024, keep_done: int = 10000) -> fastap
 
   @app.post("/task/wait")
   async def wait_tasks(request: fastapi.Request):
+    body = _parse_body(await request.body())
+    if isinstance(body, JSONResponse):
+      return body
     try:
-      body = json.loads(await request.body())
       ids, timeout = body["ids"], float(body.get("timeout", 30.0))
-      if not isinstance(ids, list):
-        raise TypeError("ids must be a list")
-    except (ValueError, KeyError, TypeError) as e:
+      if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+        raise TypeError("ids must be a list of strings")
+      if not 0 <= timeout < float("inf"):
+        raise ValueError(f"timeout must be a finite number of seconds >= 0, got {timeout}")
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
       return _error(422, f"body: expected {{'ids': [...], 'timeout': seconds}} ({e})")
     unknown = [i for i in ids if i not in state.records]
     if unknown:

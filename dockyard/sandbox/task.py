@@ -12,6 +12,7 @@ from typing import Any, Mapping
 
 _REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _COMMIT_RE = re.compile(r"^[0-9a-fA-F]{7,64}$")
+MAX_NODEID_BYTES = 4096   # PATH_MAX: a longer test path cannot name a file
 
 
 class TaskError(ValueError):
@@ -51,10 +52,18 @@ def _test_ids(task: Mapping[str, Any], key: str) -> tuple[str, ...]:
     raise TaskError(f"{key}: expected a list of pytest node ids (strings)")
   for nodeid in value:
     path = nodeid.split("::", 1)[0]
+    shown = repr(nodeid[:80]) + ("..." if len(nodeid) > 80 else "")
+    if len(nodeid.encode("utf-8", "surrogatepass")) > MAX_NODEID_BYTES:
+      raise TaskError(f"{key}: {shown} is longer than {MAX_NODEID_BYTES} bytes")
     if not nodeid.strip() or not path.endswith(".py"):
-      raise TaskError(f"{key}: {nodeid!r} is not a pytest node id like 'tests/test_x.py::test_y'")
-    if path.startswith("/") or ".." in path.split("/"):
-      raise TaskError(f"{key}: {nodeid!r} points outside the repository")
+      raise TaskError(f"{key}: {shown} is not a pytest node id like 'tests/test_x.py::test_y'")
+    parts = path.split("/")
+    if path.startswith("/") or ".." in parts:
+      raise TaskError(f"{key}: {shown} points outside the repository")
+    if path.startswith("-"):
+      raise TaskError(f"{key}: {shown} starts with '-' (it would read as a pytest option)")
+    if any(len(p.encode("utf-8", "surrogatepass")) > 255 for p in parts) or "\0" in nodeid:
+      raise TaskError(f"{key}: {shown} has a path component longer than 255 bytes or a NUL")
   return tuple(value)
 
 

@@ -75,7 +75,9 @@ async def test_test_patch_files_the_agent_added_are_replaced(executor, workspace
   patch = rf.gold_patch() + rf.diff("tests/test_new.py", None, "def test_new_add():\n  pass\n")
   v = await executor.run(rf.task(workspace["base"], patch))
   assert "touches_test_patch_path: tests/test_new.py" in v["findings"]
-  assert v["reward"] == 0.0 and v["resolved"]  # graded on the restored tests, but zeroed
+  # Graded on the restored tests (all pass), but the finding zeroes it: one truth, not resolved.
+  assert v["reward"] == 0.0 and not v["resolved"]
+  assert set(v["tests_status"].values()) == {"PASSED"}
   wrong = rf.src_patch(ZERO) + rf.diff("tests/test_new.py", None, "def test_new_add():\n  pass\n")
   v = await executor.run(rf.task(workspace["base"], wrong))
   assert v["tests_status"]["tests/test_new.py::test_new_add"] == "FAILED"

@@ -134,3 +134,35 @@ async def test_killing_an_executor_mid_batch_loses_nothing(workspace, tmp_path):
   finally:
     a.kill()
     b.kill()
+
+
+async def test_malformed_requests_are_4xx_not_500(server, workspace):
+  async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
+    deep = "[" * 200_000 + "]" * 200_000
+    r = await http.post("/task/submit", content=deep)
+    assert r.status_code == 400 and "nested too deeply" in r.json()["error"]
+    r = await http.post("/task/wait", content='{"ids": ' + deep + "}")
+    assert r.status_code == 400
+    for ids in ([["a"]], [{"x": 1}], "abc", [1]):
+      r = await http.post("/task/wait", json={"ids": ids})
+      assert r.status_code == 422, (ids, r.text)
+    r = await http.post("/task/wait", json={"ids": [], "timeout": "nan"})
+    assert r.status_code == 422
+    for bad in ("-p.py::t", "tests/" + "x" * 200_000 + ".py::t"):
+      task = rf.task(workspace["base"], rf.gold_patch(), FAIL_TO_PASS=[bad])
+      r = await http.post("/task/submit", json=task)
+      assert r.status_code == 422 and r.json()["error"].startswith("FAIL_TO_PASS"), r.text[:300]
+    assert (await http.get("/healthz")).json()["ok"] is True
+
+
+async def test_resolved_metric_counts_only_reward_one(server, workspace):
+  # The agent's own copy of a held-out test: all tests pass, a finding zeroes it. The verdict
+  # says resolved False, and the metric does not count it.
+  before = _metric(server.url, "resolved_total")
+  patch = rf.gold_patch() + rf.diff("tests/test_new.py", None, "def test_new_add():\n  pass\n")
+  async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
+    ids = (await http.post("/task/submit", json=rf.task(workspace["base"], patch))).json()["ids"]
+    rec = (await http.post("/task/wait", json={"ids": ids, "timeout": 60})).json()["tasks"][0]
+  v = rec["verdict"]
+  assert v["reward"] == 0.0 and v["resolved"] is False and v["findings"], v
+  assert _metric(server.url, "resolved_total") == before

@@ -1,5 +1,8 @@
 """Unit tests of the parts that need no sandbox: task parsing, static integrity, grading."""
 import json
+import os
+import subprocess
+import textwrap
 
 import pytest
 
@@ -96,12 +99,44 @@ def test_statuses_and_swe_bench_rule():
   assert grading.grade(status, ["a"], ["zz"]) == (False, 0.5)
 
 
-def test_tampered_duplicated_and_late_reports_are_findings():
-  events = [_report("a", "call", "passed", raw="failed"), _report("b", "call", "failed"),
+def test_duplicated_and_late_reports_are_findings():
+  events = [_report("a", "call", "passed"), _report("b", "call", "failed"),
             dict(event="finish", exitstatus=1), _report("b", "call", "passed")]
-  _, findings = grading.statuses(events)
+  found, findings = grading.statuses(events)
   codes = {f.split(":")[0] for f in findings}
-  assert codes == {"report_tampered", "report_duplicate", "report_after_finish"}
+  assert codes == {"report_duplicate", "report_after_finish"}
+  assert found["b"] == "FAILED"   # a forged "passed" never outweighs a real failure
+
+
+def test_statuses_follow_pytest_for_xfail_skip_and_subtests():
+  events = [
+      # xfail at call time: pytest turns the failure into a skip with wasxfail
+      _report("xf", "setup", "passed"), _report("xf", "call", "skipped", wasxfail=True),
+      # non-strict xpass: passed with wasxfail; strict xpass arrives as failed
+      _report("xp", "call", "passed", wasxfail=True), _report("xps", "call", "failed"),
+      _report("sk", "call", "skipped"),
+      # unittest subTest: several call reports under one id, the test's own call passes last
+      dict(_report("sub", "call", "passed"), subtest=True),
+      dict(_report("sub", "call", "failed"), subtest=True), _report("sub", "call", "passed"),
+      dict(_report("subok", "call", "passed"), subtest=True), _report("subok", "call", "passed"),
+  ]
+  found, findings = grading.statuses(events)
+  assert findings == []
+  assert found == {"xf": "XFAIL", "xp": "XPASS", "xps": "FAILED", "sk": "SKIPPED",
+                   "sub": "FAILED", "subok": "PASSED"}
+  # SWE-bench: PASSED and XFAIL pass; we also pass XPASS and fail SKIPPED (a skip resolves nothing)
+  assert grading.grade(found, ["xf", "xp", "subok"], []) == (True, 1.0)
+  assert grading.grade(found, ["sk"], [])[0] is False
+  assert grading.grade(found, ["xf"], ["sk"])[0] is False
+
+
+def test_twin_checks_want_a_failed_twin_where_the_original_passed():
+  pairs = [("t.py::a", "t.py::tw_a"), ("t.py::b", "t.py::tw_b")]
+  assert grading.twin_checks({"t.py::a": "PASSED", "t.py::tw_a": "FAILED",
+                              "t.py::b": "FAILED", "t.py::tw_b": "PASSED"}, pairs) == []
+  bad = grading.twin_checks({"t.py::a": "PASSED", "t.py::tw_a": "PASSED",
+                             "t.py::b": "XFAIL"}, pairs)
+  assert len(bad) == 2 and all(f.startswith("canary_not_failed") for f in bad)
 
 
 def test_run_checks_need_a_failed_canary_and_consistent_exit():
@@ -141,3 +176,94 @@ def test_client_from_config_uses_env_code():
   with pytest.raises(ValueError, match="urls"):
     SandboxClient.from_config(swe.get_config("tiny"))   # tiny has no URLs: the local fleet's
   assert SandboxClient.from_config(swe.get_config("tiny"), urls=["http://h:1"]).urls == ["http://h:1"]
+
+
+@pytest.mark.parametrize("name, before, after", [
+    # configparser reads these headers as sections named "tool:pytest] ;" / "pytest] ;";
+    # pytest's own parser (iniconfig) reads them as the pytest section.
+    ("setup.cfg", "[metadata]\nname = calc\n", "[metadata]\nname = calc\n\n[tool:pytest] ;]\n"
+     "addopts = -p no:x\n"),
+    ("tox.ini", None, "[pytest] ;]\naddopts = -x\n"),
+    ("tests/tox.ini", None, "[pytest]\naddopts = -x\n"),
+])
+def test_config_finding_reads_config_as_pytest_does(name, before, after):
+  assert integrity.config_finding(name, before, after) == f"touches_pytest_config: {name}"
+
+
+@pytest.mark.parametrize("path, hook", [
+    ("sitecustomize.py", True), ("sitecustomize/__init__.py", True),
+    ("pkg/usercustomize/x.py", True), ("src/sitecustomize.pyc", True), ("any/where/x.pth", True),
+    ("calc/site_utils.py", False), ("calc/customize.py", False), ("docs/pth.txt", False),
+])
+def test_site_hooks_by_module_name_in_any_form(path, hook):
+  assert integrity.is_site_hook(path) is hook
+  if hook:
+    assert integrity.check_patch(rf.diff(path, None, "import os\n")) == [
+        f"touches_site_hook: {path}"]
+
+
+@pytest.mark.parametrize("nodeid, why", [
+    ("-p.py::t", "starts with '-'"), ("--pdb.py::t", "starts with '-'"),
+    ("tests/" + "x" * 200_000 + ".py::t", "longer than"),
+    ("tests/" + "x" * 300 + ".py::t", "longer than 255"),
+])
+def test_parse_task_refuses_ids_that_pytest_would_misread(nodeid, why):
+  t = rf.task("a" * 40, "")
+  t["FAIL_TO_PASS"] = [nodeid]
+  with pytest.raises(TaskError, match=f"^FAIL_TO_PASS: .*{why}"):
+    parse_task(t)
+
+
+def test_walk_tree_survives_deep_and_huge_trees(tmp_path):
+  from dockyard.sandbox.isolation import OVERFLOW_KEY, walk_tree
+  fd = os.open(tmp_path, os.O_RDONLY)
+  try:  # 1,600 levels, made relative to a directory fd (the absolute path would pass PATH_MAX)
+    for _ in range(1600):
+      os.mkdir("d", dir_fd=fd)
+      new = os.open("d", os.O_RDONLY, dir_fd=fd)
+      os.close(fd)
+      fd = new
+  finally:
+    os.close(fd)
+  try:
+    tree = walk_tree(str(tmp_path))
+    capped = walk_tree(str(tmp_path), max_entries=100)
+  finally:  # rm copes with the depth; pytest's own tmp cleanup (shutil.rmtree) would not
+    subprocess.run(["rm", "-rf", str(tmp_path / "d")], check=True)
+  assert len(tree) == 1600 and OVERFLOW_KEY not in tree
+  assert OVERFLOW_KEY in capped
+  assert integrity.run_findings({}, capped)[0].startswith("run_wrote_too_many_files")
+
+
+def test_twins_copy_f2p_tests_under_plausible_random_names():
+  import random
+  from dockyard.sandbox import twins
+  src = textwrap.dedent("""\
+      import pytest, unittest
+
+      @pytest.mark.parametrize("x", [1, 2])
+      def test_parse_value(x):
+        assert x
+
+      class TestOrder:
+        def test_items_sorted(self):
+          assert True
+
+      class Case(unittest.TestCase):
+        def testRange(self):
+          self.assertTrue(True)
+      """)
+  ids = ["t.py::test_parse_value[1]", "t.py::test_parse_value[2]",
+         "t.py::TestOrder::test_items_sorted", "t.py::Case::testRange"]
+  out, made = twins.add_twins({"t.py": src}, ids, random.Random(0), limit=3)
+  assert len({t.name for t in made}) == 3 and len(made) == 4
+  new = out["t.py"]
+  compile(new, "t.py", "exec")
+  for t in made:
+    assert f"def {t.name}(" in new and t.name.startswith("test")
+    assert "dockyard" not in t.name and "canary" not in t.name
+    path, *_ = t.twin.split("::")
+    assert path == "t.py" and t.twin.rsplit("::", 1)[0] == t.original.rsplit("::", 1)[0]
+  # The same body, decorators included; nothing in the source tells twin from original.
+  assert new.count('@pytest.mark.parametrize("x", [1, 2])') == 2
+  assert new.count("assert x\n") == 2

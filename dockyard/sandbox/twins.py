@@ -1,0 +1,109 @@
+"""Poisoned twins: copies of FAIL_TO_PASS tests, under random names, that must fail.
+
+`add_twins(sources, fail_to_pass, rng)` copies the source of up to `limit` FAIL_TO_PASS test
+functions (decorators included, class methods in their class) next to the original, before or
+after it at random, renamed to a random plausible name built from the file's own words. The
+results plugin makes each twin fail after its body runs (and ignores its skip/xfail marks), so
+a twin passes only when something rewrote the results. Code that forces results cannot tell a
+twin from a real test by name, position, source or markers; see docs/sandbox-integrity.md.
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import random
+import re
+
+_WORD = re.compile(r"[a-z][a-z0-9]{2,11}")
+_FALLBACK_WORDS = ("value", "parse", "result", "basic", "empty", "order", "input", "case",
+                   "range", "items", "simple", "format", "default", "check", "output")
+
+
+@dataclasses.dataclass(frozen=True)
+class Twin:
+  original: str   # the FAIL_TO_PASS node id, params included
+  twin: str       # the twin's node id (same path, classes and params)
+  name: str       # the twin function's name (what the plugin poisons)
+
+
+def _split(nodeid: str):
+  path, *rest = nodeid.split("::")
+  if not rest:
+    return None
+  last = rest[-1]
+  func, bracket, params = last.partition("[")
+  return path, rest[:-1], func, bracket + params
+
+
+def _find(tree: ast.Module, classes: list[str], func: str):
+  body = tree.body
+  for cls in classes:
+    node = next((n for n in body if isinstance(n, ast.ClassDef) and n.name == cls), None)
+    if node is None:
+      return None
+    body = node.body
+  return next((n for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+               and n.name == func), None)
+
+
+def _name(prefix: str, text: str, taken: set[str], rng: random.Random) -> str:
+  words = sorted({w for w in _WORD.findall(text) if w not in ("def", "self", "test", "assert")})
+  pool = words if len(words) >= 6 else list(_FALLBACK_WORDS)
+  for _ in range(100):
+    name = prefix + "_".join(rng.sample(pool, 2 if rng.random() < 0.6 else 3))
+    if name not in taken and name not in text:
+      return name
+  return prefix + "_".join(rng.sample(_FALLBACK_WORDS, 3)) + f"_{rng.randrange(10 ** 6)}"
+
+
+def add_twins(sources: dict[str, str], fail_to_pass, rng: random.Random | None = None,
+              limit: int = 3) -> tuple[dict[str, str], list[Twin]]:
+  """({path: new text} for the files that got twins, [Twin]); files that do not parse are left."""
+  rng = rng or random.SystemRandom()
+  ids = list(dict.fromkeys(fail_to_pass))
+  rng.shuffle(ids)
+  planned: dict[str, list] = {}      # path -> [(node, twin name)]
+  twins: list[Twin] = []
+  trees: dict[str, ast.Module | None] = {}
+  taken: set[str] = set()
+  for nodeid in ids:
+    parts = _split(nodeid)
+    if parts is None or parts[0] not in sources:
+      continue
+    path, classes, func, params = parts
+    if not func.startswith("test"):
+      continue   # a test collected by a custom python_functions rule: no safe twin name
+    if path not in trees:
+      try:
+        trees[path] = ast.parse(sources[path])
+      except (SyntaxError, ValueError):
+        trees[path] = None
+    tree = trees[path]
+    node = tree and _find(tree, classes, func)
+    if node is None:
+      continue
+    done = next((t for n, t in planned.get(path, []) if n is node), None)
+    if done is None:
+      if len({id(n) for p in planned.values() for n, _ in p}) >= limit:
+        continue
+      prefix = "test_" if func[4:5] in ("_", "") else "test"
+      done = _name(prefix, sources[path], taken, rng)
+      taken.add(done)
+      planned.setdefault(path, []).append((node, done))
+    twins.append(Twin(nodeid, "::".join([path, *classes, done + params]), done))
+  out = {}
+  for path, items in planned.items():
+    lines = sources[path].splitlines(keepends=True)
+    if lines and not lines[-1].endswith("\n"):
+      lines[-1] += "\n"
+    # Bottom-up, so earlier line numbers stay valid.
+    for node, name in sorted(items, key=lambda it: -it[0].lineno):
+      start = min([d.lineno for d in node.decorator_list] + [node.lineno]) - 1
+      end = node.end_lineno
+      segment = "".join(lines[start:end])
+      renamed = re.sub(rf"(\bdef\s+){re.escape(node.name)}(\s*\()", rf"\g<1>{name}\g<2>",
+                       segment, count=1)
+      at = start if rng.random() < 0.5 else end
+      lines[at:at] = ["\n", renamed, "\n"] if at == end else [renamed, "\n"]
+    out[path] = "".join(lines)
+  return out, twins
