@@ -154,8 +154,10 @@ def get_config(arg=None):
       reference_policy_kl_penalty=0.0 if not full else 0.01,  # k3; 0 skips the reference forward
       use_importance_sampling_correction=True,
       truncated_importance_sampling_ratio=2.0,
-      aggregation="token",                # token | sequence (GSPO)
-      length_normalization="token_mean",  # token_mean | dr_grpo (constant max-length normalizer)
+      ratio_level="token",                # token | sequence (GSPO: one ratio per sequence)
+      # token: batch token mean (DAPO) | sequence: per-sequence mean, then mean (GRPO, DeepSeekMath
+      # eq. 3) | constant: sum / (sequences x rollout.max_new_tokens) (Dr. GRPO)
+      normalization="token",
   )
 
   # rollout: vLLM engines on Ray.
