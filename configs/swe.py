@@ -173,7 +173,7 @@ def get_config(arg=None):
       enforce_eager=not full,
       max_new_tokens=4096 if full else 256,
       temperature=1.0 if full else 0.7,   # tiny: T=1 samples of the warm-started model rarely parse
-      top_p=1.0,
+      top_p=1.0,                          # training needs 1.0: the trainer scores the full softmax(z / T)
       val_temperature=0.0,
   )
 

@@ -170,6 +170,17 @@ def validate(config: ml_collections.ConfigDict) -> None:
     if r.num_engines * r.tensor_parallel_size > gpus:
       raise ConfigError("rollout.num_engines", f"{r.num_engines} engines x tensor_parallel_size "
                         f"{r.tensor_parallel_size} need more than the {gpus} inference accelerators")
+  if config.run.mode == "train":
+    # The trainer scores softmax(logits / T) (dockyard.policy.TrainBatch.temperature); it does not
+    # reproduce vLLM's top-p truncation, so a top-p sample's logprobs would not match.
+    if not r.temperature > 0:
+      raise ConfigError("rollout.temperature", f"GRPO training samples groups and trains their "
+                        f"distribution softmax(logits / T): must be > 0, got {r.temperature} (greedy "
+                        f"decoding is for validation: rollout.val_temperature)")
+    if r.top_p != 1.0:
+      raise ConfigError("rollout.top_p", f"must be 1.0 in training, got {r.top_p}: the trainer "
+                        f"scores the full softmax(logits / T), not a top-p truncated one, so the "
+                        f"importance weight and the trained distribution would be wrong")
   if r.max_new_tokens >= r.max_model_len:
     raise ConfigError("rollout.max_new_tokens", f"must be < rollout.max_model_len ({r.max_model_len})")
   if config.refit.transport not in ("auto", "inprocess", "object_store", "http", "nccl"):
