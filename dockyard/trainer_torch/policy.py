@@ -166,7 +166,9 @@ class TorchPolicy(Policy):
     ids = torch.as_tensor(input_ids, dtype=torch.long, device=self.device)
     am = torch.as_tensor(attention_mask, dtype=torch.long, device=self.device)
     logits = self.model(input_ids=ids, attention_mask=am, use_cache=False).logits
-    return token_logprobs(logits.to(torch.float32) / float(temperature), ids)
+    if temperature != 1.0:   # in fp32 (token_logprobs casts anyway); T=1 skips the extra [B,T,V] copy
+      logits = logits.to(torch.float32) / float(temperature)
+    return token_logprobs(logits, ids)
 
   def logprobs(self, batch: TrainBatch) -> np.ndarray:
     part, n_micro = self._rank_slice(batch)

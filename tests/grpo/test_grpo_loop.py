@@ -113,11 +113,15 @@ def test_the_loop_trains_at_the_sampling_temperature(tokenizer):
   every minibatch) score the distribution the generator sampled from; IS weights are 1. Scored
   at T=1 (the old behaviour), the same groups give IS weights far from 1."""
   env = MathEnv(MathConfig(num_train=4, num_validation=0))
-  config = math_config(**{"rollout.temperature": 0.7, "grpo.num_minibatches": 2})
-  settings = sync_loop.RunSettings.build(config, tokenizer)
-  assert settings.sampling.temperature == 0.7
+  config = math_config(**{"rollout.temperature": 0.7, "grpo.num_minibatches": 2,
+                          "loss_fn.reference_policy_kl_penalty": 0.05})
   policy = BigramPolicy(len(tokenizer), micro_batch_size=3)
   policy.table = policy.table * 20.0   # a peaked model, so the temperature matters
+  reference = BigramPolicy(len(tokenizer))
+  reference.table, ref_logprobs, ref_seen = policy.table, reference.logprobs, []
+  reference.logprobs = lambda b: (ref_seen.append(b.temperature), ref_logprobs(b))[1]
+  settings = sync_loop.RunSettings.build(config, tokenizer, reference=reference)
+  assert settings.sampling.temperature == 0.7
   gen = BigramGenerator(np.asarray(policy.table), tokenizer.eos_token_id)
   groups = sync_loop.collect_groups(gen, env, tokenizer, env.train, 4,
                                     dataclasses.replace(settings.sampling, max_tokens=5, seed=1))
@@ -129,13 +133,13 @@ def test_the_loop_trains_at_the_sampling_temperature(tokenizer):
   policy.train_step = lambda b, fn: (seen.append(b.temperature), real_step(b, fn))[1]
   raw_policy = BigramPolicy(len(tokenizer), micro_batch_size=3)
   raw_policy.table = policy.table
-  m = settings.train(policy, kept, None)
-  assert seen == [0.7, 0.7]   # both minibatches
+  m = settings.train(policy, kept, reference)
+  assert seen == [0.7, 0.7] and ref_seen == [0.7]   # both minibatches; the KL reference too
   assert m["is/ratio_min"] == pytest.approx(1.0, abs=1e-4)
   assert m["is/ratio_max"] == pytest.approx(1.0, abs=1e-4)
   assert m["train/sequences"] == 16
   raw = sync_loop.train_on_groups(raw_policy, kept, settings.pg_loss, pad_id=0, is_cap=2.0,
-                                  temperature=1.0)
+                                  kl_coef=settings.kl_coef, reference=reference, temperature=1.0)
   assert raw["is/logprob_abs_diff_mean"] > 0.1
 
 
