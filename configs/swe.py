@@ -154,8 +154,10 @@ def get_config(arg=None):
       reference_policy_kl_penalty=0.0 if not full else 0.01,  # k3; 0 skips the reference forward
       use_importance_sampling_correction=True,
       truncated_importance_sampling_ratio=2.0,
-      aggregation="token",                # token | sequence (GSPO)
-      length_normalization="token_mean",  # token_mean | dr_grpo (constant max-length normalizer)
+      ratio_level="token",                # token | sequence (GSPO: one ratio per sequence)
+      # token: batch token mean (DAPO) | sequence: per-sequence mean, then mean (GRPO, DeepSeekMath
+      # eq. 3) | constant: sum / (sequences x rollout.max_new_tokens) (Dr. GRPO)
+      normalization="token",
   )
 
   # rollout: vLLM engines on Ray.
@@ -171,7 +173,7 @@ def get_config(arg=None):
       enforce_eager=not full,
       max_new_tokens=4096 if full else 256,
       temperature=1.0 if full else 0.7,   # tiny: T=1 samples of the warm-started model rarely parse
-      top_p=1.0,
+      top_p=1.0,                          # training needs 1.0: the trainer scores the full softmax(z / T)
       val_temperature=0.0,
   )
 

@@ -22,15 +22,38 @@ class TrainBatch:
                  Aligned with `input_ids`: position t masks the prediction OF token t.
   extras:        per-token or per-sequence arrays the loss needs (advantages [B] or [B,T],
                  generation logprobs [B,T], reference logprobs [B,T], ...).
+  temperature:   the sampling temperature T of the distribution the logprobs are taken under:
+                 the policy scores (and trains) softmax(logits / T), the distribution that drew
+                 a GRPO batch's tokens. 1 (the raw model) for SFT and for the refit canary.
   """
   input_ids: np.ndarray
   attention_mask: np.ndarray
   loss_mask: np.ndarray
   extras: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+  temperature: float = 1.0
 
   @property
   def batch_size(self) -> int:
     return int(self.input_ids.shape[0])
+
+
+def check_layout(batch: TrainBatch) -> None:
+  """Rejects what the trainers would score silently wrong: left padding (their positions are
+  0..T-1 along the row, so a row that starts with padding would put its first real token at
+  position > 0) and a temperature that is not a positive number."""
+  am = np.asarray(batch.attention_mask)
+  if am.ndim == 2 and am.shape[1] > 1:
+    bad = np.nonzero((am[:, 1:] > am[:, :-1]).any(axis=1))[0]
+    if bad.size:
+      row = am[bad[0]]
+      raise ValueError(f"TrainBatch rows {bad[:5].tolist()} are not right-padded (row {bad[0]}'s "
+                       f"attention_mask starts {row[:12].tolist()}): padding must come after the "
+                       f"tokens, since positions run 0..T-1 along the row (left padding would "
+                       f"shift them); pack rows with dockyard.grpo.batch.pack_sequences")
+  t = batch.temperature
+  if not (isinstance(t, (int, float, np.floating)) and np.isfinite(t) and t > 0):
+    raise ValueError(f"TrainBatch.temperature must be a finite number > 0, got {t!r} (greedy "
+                     f"decoding, T=0, has no distribution to train)")
 
 
 # A loss callable: loss_fn(logprobs [B,T], loss_mask [B,T], extras: dict[str, array]) ->
@@ -53,11 +76,13 @@ class Policy(abc.ABC):
 
   @abc.abstractmethod
   def logprobs(self, batch: TrainBatch) -> np.ndarray:
-    """Per-token logprobs [B, T]: entry t is log p(input_ids[t] | input_ids[:t]); entry 0 is 0."""
+    """Per-token logprobs [B, T]: entry t is log p_T(input_ids[t] | input_ids[:t]) under
+    softmax(logits / batch.temperature); entry 0 is 0. Raises on a left-padded batch."""
 
   @abc.abstractmethod
   def train_step(self, batch: TrainBatch, loss_fn: LossFn) -> dict[str, float]:
-    """One optimizer step (with micro-batch accumulation) on `batch`; returns scalar metrics."""
+    """One optimizer step (with micro-batch accumulation) on `batch`, the loss fed the same
+    temperature-scaled logprobs as `logprobs`; returns scalar metrics."""
 
   @abc.abstractmethod
   def named_weights(self) -> Iterator[tuple[str, np.ndarray]]:

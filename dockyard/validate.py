@@ -58,12 +58,24 @@ def _lookup(config: ml_collections.ConfigDict, key: str) -> Any:
   return node
 
 
+# Keys that were replaced: an override of one names what to set instead.
+REMOVED_KEYS = {
+    "loss_fn.aggregation": "replaced by loss_fn.ratio_level (token | sequence); the old "
+                           "'sequence' also normalized per sequence: set loss_fn.normalization=sequence",
+    "loss_fn.length_normalization": "replaced by loss_fn.normalization: the old 'token_mean' is "
+                                    "'token' (or 'sequence' under sequence-level ratios), 'dr_grpo' "
+                                    "is 'constant'",
+}
+
+
 def check_overrides(config: ml_collections.ConfigDict, argv: Sequence[str]) -> None:
   """Checks every `--config.a.b=v` in argv names an existing key and parses to its type."""
   for arg in argv:
     if not arg.startswith("--config."):
       continue
     key, sep, value = arg[len("--config."):].partition("=")
+    if key in REMOVED_KEYS:
+      raise ConfigError(key, REMOVED_KEYS[key])
     current = _lookup(config, key)
     if not sep or current is None or isinstance(current, ml_collections.ConfigDict):
       continue
@@ -135,10 +147,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
     if g.async_grpo.on_timeout not in ("drop", "retry"):
       raise ConfigError("grpo.async_grpo.on_timeout", f"must be 'drop' or 'retry', got {g.async_grpo.on_timeout!r}")
   lf = config.loss_fn
-  if lf.aggregation not in ("token", "sequence"):
-    raise ConfigError("loss_fn.aggregation", f"must be 'token' or 'sequence', got {lf.aggregation!r}")
-  if lf.length_normalization not in ("token_mean", "dr_grpo"):
-    raise ConfigError("loss_fn.length_normalization", f"must be 'token_mean' or 'dr_grpo', got {lf.length_normalization!r}")
+  if lf.ratio_level not in ("token", "sequence"):
+    raise ConfigError("loss_fn.ratio_level", f"must be 'token' or 'sequence', got {lf.ratio_level!r}")
+  if lf.normalization not in ("token", "sequence", "constant"):
+    raise ConfigError("loss_fn.normalization",
+                      f"must be 'token', 'sequence' or 'constant' (Dr. GRPO), got {lf.normalization!r}")
   if lf.ratio_clip_min < 0 or lf.ratio_clip_max < 0:
     raise ConfigError("loss_fn.ratio_clip_min", "clip epsilons must be >= 0")
   if len(config.mesh.shape) != len(config.mesh.axes):
@@ -157,6 +170,17 @@ def validate(config: ml_collections.ConfigDict) -> None:
     if r.num_engines * r.tensor_parallel_size > gpus:
       raise ConfigError("rollout.num_engines", f"{r.num_engines} engines x tensor_parallel_size "
                         f"{r.tensor_parallel_size} need more than the {gpus} inference accelerators")
+  if config.run.mode == "train":
+    # The trainer scores softmax(logits / T) (dockyard.policy.TrainBatch.temperature); it does not
+    # reproduce vLLM's top-p truncation, so a top-p sample's logprobs would not match.
+    if not r.temperature > 0:
+      raise ConfigError("rollout.temperature", f"GRPO training samples groups and trains their "
+                        f"distribution softmax(logits / T): must be > 0, got {r.temperature} (greedy "
+                        f"decoding is for validation: rollout.val_temperature)")
+    if r.top_p != 1.0:
+      raise ConfigError("rollout.top_p", f"must be 1.0 in training, got {r.top_p}: the trainer "
+                        f"scores the full softmax(logits / T), not a top-p truncated one, so the "
+                        f"importance weight and the trained distribution would be wrong")
   if r.max_new_tokens >= r.max_model_len:
     raise ConfigError("rollout.max_new_tokens", f"must be < rollout.max_model_len ({r.max_model_len})")
   if config.refit.transport not in ("auto", "inprocess", "object_store", "http", "nccl"):

@@ -4,7 +4,10 @@ A group is one prompt and its n sampled completions, then their rewards, shaped 
 advantages as the step fills them in. `make_train_batch` lays groups out right-padded for the
 `Policy` seam: each row is prompt + completion, `loss_mask` is 1 on the completion tokens, and
 the per-token extras (generation logprobs, later prev/reference logprobs) sit at the positions
-of the tokens they score, the alignment `Policy.logprobs` uses.
+of the tokens they score, the alignment `Policy.logprobs` uses. The batch carries the sampling
+temperature, so the trainer scores the distribution that drew the tokens (as the engine's
+generation logprobs do), not the raw T=1 model. Rows are right-padded: the trainers' positions
+are 0..T-1 along a row, and `dockyard.policy.check_layout` refuses left padding.
 """
 from __future__ import annotations
 
@@ -68,8 +71,10 @@ def pack_sequences(prompts: Sequence[Sequence[int]], completions: Sequence[Seque
   return TrainBatch(input_ids=input_ids, attention_mask=attention, loss_mask=loss_mask)
 
 
-def make_train_batch(groups: Sequence[Group], pad_id: int, pad_multiple: int = 1) -> TrainBatch:
-  """Packs scored groups: extras `advantages` [B] and `generation_logprobs` [B, T]."""
+def make_train_batch(groups: Sequence[Group], pad_id: int, pad_multiple: int = 1,
+                     temperature: float = 1.0) -> TrainBatch:
+  """Packs scored groups: extras `advantages` [B] and `generation_logprobs` [B, T], and the
+  `temperature` the completions were sampled at (their logprobs are under softmax(z / T))."""
   prompts, completions, advantages, gen_lps = [], [], [], []
   for g in groups:
     if g.advantages is None:
@@ -88,4 +93,5 @@ def make_train_batch(groups: Sequence[Group], pad_id: int, pad_multiple: int = 1
     gen[i, len(p):len(p) + len(lps)] = lps
   batch.extras["advantages"] = np.asarray(advantages, np.float32)
   batch.extras["generation_logprobs"] = gen
+  batch.temperature = float(temperature)
   return batch

@@ -36,7 +36,7 @@ def clipped_pg_loss(logprobs, loss_mask, extras: Mapping[str, Any], cfg: LossCon
   total_tokens, total_sequences = _totals(m, n_b, extras)
 
   log_ratio = (lp - prev) * m
-  if cfg.aggregation == "sequence":
+  if cfg.ratio_level == "sequence":
     seq_log_ratio = log_ratio.sum(-1) / jnp.maximum(n_b, 1.0)
     ratio = jnp.broadcast_to(jnp.exp(seq_log_ratio)[:, None], lp.shape)
   else:
@@ -62,9 +62,9 @@ def clipped_pg_loss(logprobs, loss_mask, extras: Mapping[str, Any], cfg: LossCon
     w = sg(jnp.minimum(jnp.exp((prev - gen) * m), cfg.truncated_importance_sampling_ratio))
 
   per_token = w * (pg + cfg.reference_policy_kl_penalty * kl)
-  if cfg.length_normalization == "dr_grpo":
+  if cfg.normalization == "constant":
     loss = (per_token * m).sum() / (total_sequences * cfg.max_completion_tokens)
-  elif cfg.aggregation == "sequence":
+  elif cfg.normalization == "sequence":
     loss = ((per_token * m).sum(-1) / jnp.maximum(n_b, 1.0)).sum() / total_sequences
   else:
     loss = (per_token * m).sum() / total_tokens

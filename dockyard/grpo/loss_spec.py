@@ -18,8 +18,8 @@ The three kinds of logprobs (all per token, [B, T], only read where loss_mask is
                       coefficient is 0: the reference forward is skipped).
 
 Per token, with A the advantage (per sequence [B] or per token [B, T]):
-  r      = exp(logprobs - prev_logprobs)                         (aggregation='token')
-  r      = exp(masked mean over the sequence of (logprobs - prev))  (aggregation='sequence', GSPO)
+  r      = exp(logprobs - prev_logprobs)                         (ratio_level='token')
+  r      = exp(masked mean over the sequence of (logprobs - prev))  (ratio_level='sequence', GSPO)
   pg     = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high))
   pg     = min(pg, -A c)  where A < 0, when ratio_clip_c > 1     (dual clip)
   kl     = beta * (exp(ref - logprobs) - (ref - logprobs) - 1)   (k3 estimator; 0 when beta == 0)
@@ -27,13 +27,20 @@ Per token, with A the advantage (per sequence [B] or per token [B, T]):
                                                                   1 when the correction is off)
   l      = w * (pg + kl)
 
-Aggregation into the scalar loss (N_tok = total_tokens, N_seq = total_sequences of the WHOLE
-batch, taken from extras when the trainer micro-batches, so that micro-batch losses sum exactly
-to the full-batch loss; see `dockyard.policy.LossFn`):
-  token_mean, token:     sum_{b,t} l m / N_tok
-  token_mean, sequence:  sum_b [ sum_t l m / n_b ] / N_seq        (n_b: loss tokens of row b)
-  dr_grpo (either):      sum_{b,t} l m / (N_seq * max_completion_tokens)   (Dr.GRPO: a constant
-                         normalizer, so long and short answers are not weighted differently)
+Normalization into the scalar loss, independent of the ratio level (N_tok = total_tokens,
+N_seq = total_sequences of the WHOLE batch, taken from extras when the trainer micro-batches, so
+that micro-batch losses sum exactly to the full-batch loss; see `dockyard.policy.LossFn`):
+  token:     sum_{b,t} l m / N_tok                      (batch token mean; DAPO; verl 'token-mean',
+                                                         TRL loss_type='dapo')
+  sequence:  sum_b [ sum_t l m / n_b ] / N_seq          (n_b: loss tokens of row b; the original
+                                                         GRPO, DeepSeekMath eq. 3; verl
+                                                         'seq-mean-token-mean', TRL 'grpo')
+  constant:  sum_{b,t} l m / (N_seq * max_completion_tokens)   (Dr. GRPO: a constant normalizer,
+                                                         so long and short answers are weighted
+                                                         alike; verl 'seq-mean-token-sum-norm',
+                                                         TRL 'dr_grpo')
+Every (ratio_level, normalization) pair is allowed: token + sequence is DeepSeekMath's GRPO,
+sequence + sequence is GSPO, token + token is DAPO, and either level + constant is Dr. GRPO.
 
 Metrics follow the same summable normalization (token metrics / N_tok): pg_loss, kl,
 clip_fraction (tokens whose clipped branch is active), dual_clip_fraction, ratio_mean,
@@ -47,6 +54,10 @@ from typing import Any, Mapping
 import numpy as np
 
 
+RATIO_LEVELS = ("token", "sequence")
+NORMALIZATIONS = ("token", "sequence", "constant")
+
+
 @dataclasses.dataclass(frozen=True)
 class LossConfig:
   """The options of the clipped-PG loss; mirrors `config.loss_fn` (+ the completion budget)."""
@@ -56,24 +67,24 @@ class LossConfig:
   reference_policy_kl_penalty: float = 0.0
   use_importance_sampling_correction: bool = True
   truncated_importance_sampling_ratio: float = 2.0
-  aggregation: str = "token"                 # token | sequence (GSPO)
-  length_normalization: str = "token_mean"   # token_mean | dr_grpo
-  max_completion_tokens: int = 0             # Dr.GRPO's constant; rollout.max_new_tokens
+  ratio_level: str = "token"                 # token | sequence (GSPO)
+  normalization: str = "token"               # token | sequence | constant (Dr. GRPO)
+  max_completion_tokens: int = 0             # Dr. GRPO's constant; rollout.max_new_tokens
 
   def __post_init__(self):
-    if self.aggregation not in ("token", "sequence"):
-      raise ValueError(f"loss_fn.aggregation must be 'token' or 'sequence', got {self.aggregation!r}")
-    if self.length_normalization not in ("token_mean", "dr_grpo"):
-      raise ValueError("loss_fn.length_normalization must be 'token_mean' or 'dr_grpo', got "
-                       f"{self.length_normalization!r}")
+    if self.ratio_level not in RATIO_LEVELS:
+      raise ValueError(f"loss_fn.ratio_level must be one of {RATIO_LEVELS}, got {self.ratio_level!r}")
+    if self.normalization not in NORMALIZATIONS:
+      raise ValueError(f"loss_fn.normalization must be one of {NORMALIZATIONS}, got "
+                       f"{self.normalization!r}")
     if self.ratio_clip_min < 0 or self.ratio_clip_max < 0:
       raise ValueError(f"loss_fn.ratio_clip_min/max must be >= 0, got {self.ratio_clip_min}, "
                        f"{self.ratio_clip_max}")
     if self.use_importance_sampling_correction and self.truncated_importance_sampling_ratio <= 0:
       raise ValueError("loss_fn.truncated_importance_sampling_ratio must be > 0, got "
                        f"{self.truncated_importance_sampling_ratio}")
-    if self.length_normalization == "dr_grpo" and self.max_completion_tokens <= 0:
-      raise ValueError("length_normalization='dr_grpo' needs max_completion_tokens > 0 "
+    if self.normalization == "constant" and self.max_completion_tokens <= 0:
+      raise ValueError("loss_fn.normalization='constant' needs max_completion_tokens > 0 "
                        "(rollout.max_new_tokens)")
 
   @classmethod
@@ -86,7 +97,7 @@ class LossConfig:
         reference_policy_kl_penalty=float(lf.reference_policy_kl_penalty),
         use_importance_sampling_correction=bool(lf.use_importance_sampling_correction),
         truncated_importance_sampling_ratio=float(lf.truncated_importance_sampling_ratio),
-        aggregation=str(lf.aggregation), length_normalization=str(lf.length_normalization),
+        ratio_level=str(lf.ratio_level), normalization=str(lf.normalization),
         max_completion_tokens=int(config.rollout.max_new_tokens))
 
 
@@ -121,7 +132,7 @@ def clipped_pg_loss(logprobs: np.ndarray, loss_mask: np.ndarray, extras: Mapping
   total_tokens, total_sequences = max(total_tokens, 1.0), max(total_sequences, 1.0)
 
   log_ratio = (lp - prev) * m
-  if cfg.aggregation == "sequence":
+  if cfg.ratio_level == "sequence":
     seq_log_ratio = log_ratio.sum(-1) / np.maximum(n_b, 1.0)
     ratio = np.broadcast_to(np.exp(seq_log_ratio)[:, None], lp.shape)
   else:
@@ -147,9 +158,9 @@ def clipped_pg_loss(logprobs: np.ndarray, loss_mask: np.ndarray, extras: Mapping
     w = np.minimum(np.exp((prev - gen) * m), cfg.truncated_importance_sampling_ratio)
 
   per_token = w * (pg + cfg.reference_policy_kl_penalty * kl)
-  if cfg.length_normalization == "dr_grpo":
+  if cfg.normalization == "constant":
     loss = (per_token * m).sum() / (total_sequences * cfg.max_completion_tokens)
-  elif cfg.aggregation == "sequence":
+  elif cfg.normalization == "sequence":
     loss = ((per_token * m).sum(-1) / np.maximum(n_b, 1.0)).sum() / total_sequences
   else:
     loss = (per_token * m).sum() / total_tokens

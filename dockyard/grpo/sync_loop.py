@@ -164,17 +164,19 @@ def split_rows(batch: TrainBatch, parts: int) -> list[TrainBatch]:
   """`parts` contiguous row slices of a batch (extras sliced along their first axis)."""
   bounds = np.linspace(0, batch.batch_size, min(parts, batch.batch_size) + 1).astype(int)
   return [TrainBatch(batch.input_ids[a:b], batch.attention_mask[a:b], batch.loss_mask[a:b],
-                     {k: v[a:b] for k, v in batch.extras.items()})
+                     {k: v[a:b] for k, v in batch.extras.items()}, batch.temperature)
           for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 def train_on_groups(policy: Policy, groups: Sequence[Group], loss_fn: LossFn, *, pad_id: int,
                     kl_coef: float = 0.0, reference: Policy | None = None,
                     is_cap: float | None = None, pad_multiple: int = PAD_MULTIPLE,
-                    num_minibatches: int = 1) -> dict[str, float]:
+                    num_minibatches: int = 1, temperature: float = 1.0) -> dict[str, float]:
   """Packs the groups, recomputes prev (and reference) logprobs once, then takes one optimizer
-  step per minibatch (`num_minibatches` row slices; metrics are their mean, `lr` the last)."""
-  batch = make_train_batch(groups, pad_id, pad_multiple)
+  step per minibatch (`num_minibatches` row slices; metrics are their mean, `lr` the last).
+  `temperature`: what the groups were sampled at; prev, reference and trained logprobs are all
+  of softmax(logits / T), the distribution the engine's generation logprobs describe."""
+  batch = make_train_batch(groups, pad_id, pad_multiple, temperature)
   m = batch.loss_mask
   # prev_logprobs: the policy as it is before this step, so the ratio starts at exactly 1.
   batch.extras["prev_logprobs"] = np.asarray(policy.logprobs(batch), np.float32) * m
@@ -299,7 +301,8 @@ class RunSettings:
 
   def train(self, policy: Policy, groups: Sequence[Group], reference: Policy | None) -> dict[str, float]:
     return train_on_groups(policy, groups, self.pg_loss, pad_id=self.pad_id, kl_coef=self.kl_coef,
-                           reference=reference, is_cap=self.is_cap, num_minibatches=self.num_minibatches)
+                           reference=reference, is_cap=self.is_cap, num_minibatches=self.num_minibatches,
+                           temperature=self.sampling.temperature)
 
 
 class Validator:

@@ -3,7 +3,9 @@
 vLLM scores the probe with prompt logprobs; the trainer with `Policy.logprobs`. The max and mean
 |Δ logprob| are returned as metrics, and past `max_abs_logprob_delta` the canary raises: a wrong
 name map (q/k swapped, a transpose dropped) or a stale packed weight (CPU vLLM's tied lm_head)
-shows up here long before it shows up in a reward curve.
+shows up here long before it shows up in a reward curve. Both sides score the raw model (T=1):
+vLLM's prompt logprobs skip its sampler, so they stay raw under the engines'
+`logprobs_mode="processed_logprobs"`, and the probe `TrainBatch` has temperature 1.
 """
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ class Completion:
   """One sampled completion of one prompt."""
   prompt_ids: list[int]
   token_ids: list[int]
-  logprobs: list[float]          # log p(token_ids[i]) as the sampler saw it
+  logprobs: list[float]          # log p(token_ids[i]) under the sampled distribution (after temperature)
   finish_reason: str             # 'stop' | 'length' | 'abort'
   weight_version: int            # the weight version that produced it (first token)
   text: str = ""

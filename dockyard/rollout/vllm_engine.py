@@ -42,6 +42,11 @@ def engine_kwargs(rollout: Mapping[str, Any], model_path: str, seed: int = 0) ->
       model=model_path, dtype=str(rollout["dtype"]), max_model_len=int(rollout["max_model_len"]),
       enforce_eager=bool(rollout["enforce_eager"]), tensor_parallel_size=tp, seed=seed,
       worker_extension_cls=WORKER_EXTENSION,
+      # Sampled-token logprobs of the distribution that drew the token (after temperature; top-k /
+      # top-p would renormalize too, and training refuses them), not vLLM's default raw T=1
+      # logprobs: the trainer scores softmax(logits / T), and the IS weight compares the two.
+      # Prompt logprobs skip the sampler: they stay raw (T=1), which the refit canary compares.
+      logprobs_mode="processed_logprobs",
       # one process per engine when tp == 1 (in-process core: ~4 s start instead of ~20 s)
       distributed_executor_backend="uni" if tp == 1 else "ray",
   )
@@ -152,7 +157,8 @@ class VLLMEngine(Generator):
     return result
 
   def prompt_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[np.ndarray]:
-    """Per sequence, [T] logprobs of each token given the ones before it (entry 0 is 0)."""
+    """Per sequence, [T] raw (T=1, whatever `logprobs_mode`) logprobs of each token given the
+    ones before it (entry 0 is 0)."""
     import vllm
     seqs = check_prompts(sequences, self.vocab_size)
     params = vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)

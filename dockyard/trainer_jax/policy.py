@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dockyard.policy import LossFn, Policy, TrainBatch
+from dockyard.policy import LossFn, Policy, TrainBatch, check_layout
 from dockyard.refit import name_map
 from dockyard.trainer_jax import hf_io, train
 from dockyard.trainer_jax import sharding as shd
@@ -88,6 +88,7 @@ class JaxPolicy(Policy):
       if getattr(batch, name).shape != batch.input_ids.shape:
         raise ValueError(f"TrainBatch.{name} shape {getattr(batch, name).shape} != input_ids "
                          f"shape {batch.input_ids.shape}")
+    check_layout(batch)
     b, t = batch.input_ids.shape
     mb = self.micro_batch_size
     n = max(1, math.ceil(b / mb))
@@ -106,6 +107,9 @@ class JaxPolicy(Policy):
     def put(x):
       return jax.device_put(x, shd.batch_sharding(self.mesh, self.rules, x.ndim, batch_dim=1))
     out = dict(
+        # Replicated, like the optimizer's scalars: a traced input, so a new T does not recompile.
+        temperature=jax.device_put(np.float32(batch.temperature), jax.sharding.NamedSharding(
+            self.mesh, jax.sharding.PartitionSpec())),
         input_ids=put(pad(batch.input_ids).astype(np.int32)),
         attention_mask=put(pad(batch.attention_mask).astype(np.int32)),
         loss_mask=put(pad(batch.loss_mask).astype(np.float32)),
@@ -118,7 +122,8 @@ class JaxPolicy(Policy):
   def logprobs(self, batch: TrainBatch) -> np.ndarray:
     stacked, b = self._stack(batch)
     t = batch.input_ids.shape[1]
-    outs = [train.logprob_step(self.model, stacked["input_ids"][i], stacked["attention_mask"][i])
+    outs = [train.logprob_step(self.model, stacked["input_ids"][i], stacked["attention_mask"][i],
+                               stacked["temperature"])
             for i in range(stacked["input_ids"].shape[0])]
     out = np.concatenate([np.asarray(jax.device_get(o)) for o in outs])[:b, :t]
     return out * np.asarray(batch.attention_mask, out.dtype)  # padding positions report 0

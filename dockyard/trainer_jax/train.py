@@ -112,14 +112,16 @@ def train_step(model: Decoder, optimizer: nnx.Optimizer, batch: Mapping[str, Any
   """One optimizer step over stacked micro-batches; returns summed loss/metrics + grad_norm.
 
   batch: input_ids / attention_mask / loss_mask [n, mb, T]; extras: name -> [n, mb, ...];
-  totals: {'total_tokens', 'total_sequences'} scalars added to every micro-batch's extras.
+  totals: {'total_tokens', 'total_sequences'} scalars added to every micro-batch's extras;
+  temperature (optional, default 1): a scalar array; the loss sees logprobs of logits / T.
   """
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  temperature = batch.get("temperature", 1.0)
 
   def micro_loss(params, mb):
     m = nnx.merge(graphdef, params, rest)
     logits = m(mb["input_ids"], mb["attention_mask"])
-    logprobs = token_logprobs(logits, mb["input_ids"])
+    logprobs = token_logprobs(logits / temperature, mb["input_ids"])
     extras = {**mb["extras"], **batch["totals"]}
     loss, metrics = loss_fn(logprobs, mb["loss_mask"], extras)
     return loss, dict(metrics)
@@ -140,5 +142,6 @@ def train_step(model: Decoder, optimizer: nnx.Optimizer, batch: Mapping[str, Any
 
 
 @nnx.jit
-def logprob_step(model: Decoder, input_ids, attention_mask):
-  return token_logprobs(model(input_ids, attention_mask), input_ids)
+def logprob_step(model: Decoder, input_ids, attention_mask, temperature=1.0):
+  """Per-token logprobs under softmax(logits / temperature) (a traced scalar: no recompile per T)."""
+  return token_logprobs(model(input_ids, attention_mask) / temperature, input_ids)

@@ -40,7 +40,7 @@ def clipped_pg_loss(logprobs: torch.Tensor, loss_mask, extras: Mapping[str, Any]
   total_tokens, total_sequences = _totals(m, n_b, extras)
 
   log_ratio = (lp - prev) * m
-  if cfg.aggregation == "sequence":
+  if cfg.ratio_level == "sequence":
     seq_log_ratio = log_ratio.sum(-1) / n_b.clamp_min(1.0)
     ratio = torch.exp(seq_log_ratio)[:, None].expand_as(lp)
   else:
@@ -66,9 +66,9 @@ def clipped_pg_loss(logprobs: torch.Tensor, loss_mask, extras: Mapping[str, Any]
     w = torch.exp((prev - gen) * m).clamp_max(cfg.truncated_importance_sampling_ratio)
 
   per_token = w * (pg + cfg.reference_policy_kl_penalty * kl)
-  if cfg.length_normalization == "dr_grpo":
+  if cfg.normalization == "constant":
     loss = (per_token * m).sum() / (total_sequences * cfg.max_completion_tokens)
-  elif cfg.aggregation == "sequence":
+  elif cfg.normalization == "sequence":
     loss = ((per_token * m).sum(-1) / n_b.clamp_min(1.0)).sum() / total_sequences
   else:
     loss = (per_token * m).sum() / total_tokens

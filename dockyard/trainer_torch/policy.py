@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from dockyard.policy import LossFn, Policy, TrainBatch
+from dockyard.policy import LossFn, Policy, TrainBatch, check_layout
 from dockyard.refit import name_map
 from dockyard.trainer_jax.model_config import ModelConfig  # pure Python: the name-map's config
 from dockyard.trainer_torch import checkpoint, dist, optim
@@ -48,6 +48,7 @@ def check_batch(batch: TrainBatch, vocab_size: int, max_seq_len: int) -> None:
     shape = np.shape(getattr(batch, name))
     if shape != ids.shape:
       raise ValueError(f"TrainBatch.{name} has shape {shape}, input_ids has {ids.shape}")
+  check_layout(batch)
   if ids.shape[1] > max_seq_len:
     raise ValueError(f"batch length {ids.shape[1]} exceeds config.policy.max_seq_len={max_seq_len}")
   if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
@@ -160,10 +161,13 @@ class TorchPolicy(Policy):
                 for k, v in batch.extras.items()})
     return out, n_micro
 
-  def _logprobs(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> torch.Tensor:
+  def _logprobs(self, input_ids: np.ndarray, attention_mask: np.ndarray,
+                temperature: float = 1.0) -> torch.Tensor:
     ids = torch.as_tensor(input_ids, dtype=torch.long, device=self.device)
     am = torch.as_tensor(attention_mask, dtype=torch.long, device=self.device)
     logits = self.model(input_ids=ids, attention_mask=am, use_cache=False).logits
+    if temperature != 1.0:   # in fp32 (token_logprobs casts anyway); T=1 skips the extra [B,T,V] copy
+      logits = logits.to(torch.float32) / float(temperature)
     return token_logprobs(logits, ids)
 
   def logprobs(self, batch: TrainBatch) -> np.ndarray:
@@ -173,7 +177,7 @@ class TorchPolicy(Policy):
     with torch.no_grad():
       for i in range(n_micro):
         s = slice(i * self._micro, (i + 1) * self._micro)
-        outs.append(self._logprobs(part["input_ids"][s], part["attention_mask"][s]))
+        outs.append(self._logprobs(part["input_ids"][s], part["attention_mask"][s], batch.temperature))
     full = dist.all_gather_rows(torch.cat(outs, 0))[:batch.batch_size].cpu().numpy()
     return full * np.asarray(batch.attention_mask, full.dtype)  # padding reports 0, as in JAX
 
@@ -188,7 +192,7 @@ class TorchPolicy(Policy):
     sums: dict[str, torch.Tensor] = {}
     for i in range(n_micro):
       s = slice(i * self._micro, (i + 1) * self._micro)
-      lp = self._logprobs(part["input_ids"][s], part["attention_mask"][s])
+      lp = self._logprobs(part["input_ids"][s], part["attention_mask"][s], batch.temperature)
       extras = {k: (torch.as_tensor(v[s]) if np.ndim(v) >= 1 else torch.as_tensor(v))
                 for k, v in part["extras"].items()}
       loss, metrics = loss_fn(lp, torch.as_tensor(part["loss_mask"][s]), {**extras, **totals})

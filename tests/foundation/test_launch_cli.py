@@ -29,6 +29,10 @@ def launch(*args, module="dockyard.launch"):
     ("--config.grpo.num_generations_per_prompt=1", "config.grpo.num_generations_per_prompt",
      "at least 2"),
     ("--config.mesh.shape=(2,2,1)", "config.mesh.shape", "multiplies to 4"),
+    ("--config.rollout.top_p=0.9", "config.rollout.top_p", "must be 1.0 in training"),
+    ("--config.rollout.temperature=0.0", "config.rollout.temperature", "must be > 0"),
+    ("--config.loss_fn.aggregation=sequence", "config.loss_fn.aggregation", "loss_fn.ratio_level"),
+    ("--config.loss_fn.normalization=token_mean", "config.loss_fn.normalization", "'constant'"),
 ])
 def test_misconfiguration_names_the_key(override, key, words):
   # async GRPO is on in `full` (and in tiny with grpo.async_grpo.enabled=True)

@@ -58,8 +58,8 @@ class FirstDigitEnv(MathEnv):
     return Reward(float(completion.lstrip()[:1].isdigit()), malformed=not completion.strip())
 
 
-def _bigram_logprobs(table, ids):
-  lsm = jax.nn.log_softmax(table[ids[:, :-1]], axis=-1)
+def _bigram_logprobs(table, ids, temperature=1.0):
+  lsm = jax.nn.log_softmax(table[ids[:, :-1]] / temperature, axis=-1)
   taken = jnp.take_along_axis(lsm, ids[:, 1:, None], axis=-1)[..., 0]
   return jnp.pad(taken, ((0, 0), (1, 0)))
 
@@ -81,12 +81,12 @@ class BigramPolicy(Policy):
     raise NotImplementedError("test fake")
 
   def logprobs(self, batch: TrainBatch) -> np.ndarray:
-    return np.asarray(_bigram_logprobs(self.table, jnp.asarray(batch.input_ids)))
+    return np.asarray(_bigram_logprobs(self.table, jnp.asarray(batch.input_ids), batch.temperature))
 
   def _grad_fn(self, loss_fn):
     if id(loss_fn) not in self._grad_fns:
-      def f(table, ids, mask, extras):
-        return loss_fn(_bigram_logprobs(table, ids), mask, extras)
+      def f(table, ids, mask, extras, temperature):
+        return loss_fn(_bigram_logprobs(table, ids, temperature), mask, extras)
       self._grad_fns[id(loss_fn)] = (loss_fn, jax.jit(jax.value_and_grad(f, has_aux=True)))
     return self._grad_fns[id(loss_fn)][1]
 
@@ -98,7 +98,8 @@ class BigramPolicy(Policy):
     for lo in range(0, batch.batch_size, self.micro_batch_size):
       sl = slice(lo, lo + self.micro_batch_size)
       extras = {k: v[sl] for k, v in batch.extras.items()} | totals
-      (_, mm), g = grad_fn(self.table, jnp.asarray(batch.input_ids[sl]), jnp.asarray(m[sl]), extras)
+      (_, mm), g = grad_fn(self.table, jnp.asarray(batch.input_ids[sl]), jnp.asarray(m[sl]), extras,
+                           jnp.float32(batch.temperature))
       grads = grads + g
       for k, v in mm.items():
         metrics[k] = metrics.get(k, 0.0) + float(v)
@@ -145,12 +146,13 @@ class BigramGenerator(Generator):
       for _ in range(n):
         last, toks, lps = prompt[-1], [], []
         for _ in range(sampling.max_tokens):
-          logits = self.table[last]
+          # Like vLLM's processed logprobs: of the distribution sampled from (z / T; z when greedy).
+          logits = self.table[last] / (sampling.temperature or 1.0)
           lsm = logits - np.logaddexp.reduce(logits)
           if sampling.temperature == 0:
             tok = int(np.argmax(logits))
           else:
-            p = np.exp((logits - logits.max()) / sampling.temperature)
+            p = np.exp(lsm)
             tok = int(rng.choice(len(p), p=p / p.sum()))
           toks.append(tok)
           lps.append(float(lsm[tok]))

@@ -6,6 +6,7 @@ and that the loop's updates raise the reward on a learnable task. The real end-t
 trainer + CPU vLLM + the refit synchronizer + the math env) comes with the integration issue.
 """
 import asyncio
+import dataclasses
 import json
 import os
 import time
@@ -105,6 +106,41 @@ def test_train_on_groups_recomputes_prev_logprobs(tokenizer):
   assert not np.allclose(before, np.asarray(policy.table))
   with pytest.raises(ValueError, match="reference"):
     sync_loop.train_on_groups(policy, kept, pg, pad_id=0, kl_coef=0.1)
+
+
+def test_the_loop_trains_at_the_sampling_temperature(tokenizer):
+  """rollout.temperature=0.7: the loop's train step packs the batch at T, so prev logprobs (and
+  every minibatch) score the distribution the generator sampled from; IS weights are 1. Scored
+  at T=1 (the old behaviour), the same groups give IS weights far from 1."""
+  env = MathEnv(MathConfig(num_train=4, num_validation=0))
+  config = math_config(**{"rollout.temperature": 0.7, "grpo.num_minibatches": 2,
+                          "loss_fn.reference_policy_kl_penalty": 0.05})
+  policy = BigramPolicy(len(tokenizer), micro_batch_size=3)
+  policy.table = policy.table * 20.0   # a peaked model, so the temperature matters
+  reference = BigramPolicy(len(tokenizer))
+  reference.table, ref_logprobs, ref_seen = policy.table, reference.logprobs, []
+  reference.logprobs = lambda b: (ref_seen.append(b.temperature), ref_logprobs(b))[1]
+  settings = sync_loop.RunSettings.build(config, tokenizer, reference=reference)
+  assert settings.sampling.temperature == 0.7
+  gen = BigramGenerator(np.asarray(policy.table), tokenizer.eos_token_id)
+  groups = sync_loop.collect_groups(gen, env, tokenizer, env.train, 4,
+                                    dataclasses.replace(settings.sampling, max_tokens=5, seed=1))
+  for g in groups:
+    g.rewards = [Reward(float(i % 2)) for i in range(4)]
+  kept, _ = sync_loop.assign_advantages(groups, config)
+  seen = []
+  real_step = policy.train_step
+  policy.train_step = lambda b, fn: (seen.append(b.temperature), real_step(b, fn))[1]
+  raw_policy = BigramPolicy(len(tokenizer), micro_batch_size=3)
+  raw_policy.table = policy.table
+  m = settings.train(policy, kept, reference)
+  assert seen == [0.7, 0.7] and ref_seen == [0.7]   # both minibatches; the KL reference too
+  assert m["is/ratio_min"] == pytest.approx(1.0, abs=1e-4)
+  assert m["is/ratio_max"] == pytest.approx(1.0, abs=1e-4)
+  assert m["train/sequences"] == 16
+  raw = sync_loop.train_on_groups(raw_policy, kept, settings.pg_loss, pad_id=0, is_cap=2.0,
+                                  kl_coef=settings.kl_coef, reference=reference, temperature=1.0)
+  assert raw["is/logprob_abs_diff_mean"] > 0.1
 
 
 def test_minibatches_take_one_step_each_against_the_batch_prev_logprobs(tokenizer):

@@ -14,11 +14,11 @@ random_batch = loss_spec.random_batch
 
 
 GRID = [LossConfig(ratio_clip_min=0.2, ratio_clip_max=hi, ratio_clip_c=c, reference_policy_kl_penalty=kl,
-                   use_importance_sampling_correction=isc, aggregation=agg, length_normalization=ln,
+                   use_importance_sampling_correction=isc, ratio_level=level, normalization=norm,
                    max_completion_tokens=12)
-        for hi, c, kl, isc, agg, ln in itertools.product(
-            (0.28,), (0.0, 3.0), (0.0, 0.05), (False, True), ("token", "sequence"),
-            ("token_mean", "dr_grpo"))]
+        for hi, c, kl, isc, level, norm in itertools.product(
+            (0.28,), (0.0, 3.0), (0.0, 0.05), (False, True), loss_spec.RATIO_LEVELS,
+            loss_spec.NORMALIZATIONS)]
 
 
 def test_hand_computed_token_case():
@@ -57,22 +57,51 @@ def test_hand_computed_sequence_and_dr_grpo():
   lp = np.array([[-1.0, -1.0, 0.0], [-2.0, 0.0, 0.0]])
   mask = np.array([[1, 1, 0], [1, 0, 0]])
   extras = dict(advantages=np.array([1.0, -1.0]), prev_logprobs=np.array([[-1.1, -0.7, 0.0], [-2.0, 0, 0]]))
-  seq = LossConfig(use_importance_sampling_correction=False, aggregation="sequence", ratio_clip_c=0.0)
+  seq = LossConfig(use_importance_sampling_correction=False, ratio_level="sequence",
+                   normalization="sequence", ratio_clip_c=0.0)
   loss, _ = loss_spec.clipped_pg_loss(lp, mask, extras, seq)
   r0 = np.exp(-0.1)
   assert loss == pytest.approx(((-r0 * 2) / 2 + 1.0) / 2)
-  dr = LossConfig(use_importance_sampling_correction=False, length_normalization="dr_grpo",
+  dr = LossConfig(use_importance_sampling_correction=False, normalization="constant",
                   max_completion_tokens=4, ratio_clip_c=0.0)
   loss, _ = loss_spec.clipped_pg_loss(lp, mask, extras, dr)
   assert loss == pytest.approx((-np.exp(0.1) - np.exp(-0.3) + 1.0) / (2 * 4))
+  # Dr. GRPO over sequence-level ratios: the GSPO ratio r0 on both tokens of row 0, / (N_seq * L).
+  dr_seq = LossConfig(use_importance_sampling_correction=False, ratio_level="sequence",
+                      normalization="constant", max_completion_tokens=4, ratio_clip_c=0.0)
+  loss, _ = loss_spec.clipped_pg_loss(lp, mask, extras, dr_seq)
+  assert loss == pytest.approx((-2 * r0 + 1.0) / (2 * 4))
+
+
+def test_hand_computed_original_grpo_and_token_mean():
+  # DeepSeekMath eq. 3: token-level ratios, averaged within each sequence, then over sequences.
+  # Row 0 has 2 loss tokens (ratios e^0.1, e^-0.3, A=1), row 1 one token (ratio 1, A=-1).
+  lp = np.array([[-1.0, -1.0, 0.0], [-2.0, 0.0, 0.0]])
+  mask = np.array([[1, 1, 0], [1, 0, 0]])
+  extras = dict(advantages=np.array([1.0, -1.0]), prev_logprobs=np.array([[-1.1, -0.7, 0.0], [-2.0, 0, 0]]))
+  grpo = LossConfig(use_importance_sampling_correction=False, ratio_level="token",
+                    normalization="sequence", ratio_clip_c=0.0)
+  row0 = -np.exp(0.1) - np.exp(-0.3)
+  loss, _ = loss_spec.clipped_pg_loss(lp, mask, extras, grpo)
+  assert loss == pytest.approx((row0 / 2 + 1.0 / 1) / 2)
+  # The token mean weighs row 0's two tokens twice as much as row 1's one.
+  dapo = LossConfig(use_importance_sampling_correction=False, ratio_clip_c=0.0)
+  assert (dapo.ratio_level, dapo.normalization) == ("token", "token")
+  loss, _ = loss_spec.clipped_pg_loss(lp, mask, extras, dapo)
+  assert loss == pytest.approx((row0 + 1.0) / 3)
+  # GSPO ratios under a token mean: the same sequence ratio on each of row 0's tokens.
+  gspo_tok = LossConfig(use_importance_sampling_correction=False, ratio_level="sequence",
+                        normalization="token", ratio_clip_c=0.0)
+  loss, _ = loss_spec.clipped_pg_loss(lp, mask, extras, gspo_tok)
+  assert loss == pytest.approx((-2 * np.exp(-0.1) + 1.0) / 3)
 
 
 @pytest.mark.parametrize("cfg", GRID, ids=lambda c: f"{c.ratio_clip_max}-{c.ratio_clip_c}-"
                          f"{c.reference_policy_kl_penalty}-{int(c.use_importance_sampling_correction)}-"
-                         f"{c.aggregation}-{c.length_normalization}")
+                         f"{c.ratio_level}-{c.normalization}")
 def test_jax_matches_spec_and_microbatches_sum(cfg):
   rng = np.random.default_rng(hash(cfg) % 2**32)
-  lp, mask, extras = random_batch(rng, per_token_adv=cfg.aggregation == "token")
+  lp, mask, extras = random_batch(rng, per_token_adv=cfg.ratio_level == "token")
   want, want_m = loss_spec.clipped_pg_loss(lp, mask, extras, cfg)
   got, got_m = loss_jax.make_pg_loss(cfg)(jnp.asarray(lp), jnp.asarray(mask), extras)
   assert float(got) == pytest.approx(want, rel=1e-5, abs=1e-6)
@@ -95,10 +124,12 @@ def test_jax_matches_spec_and_microbatches_sum(cfg):
     assert metric_sum[k] == pytest.approx(v, rel=1e-5, abs=1e-6), k
 
 
-@pytest.mark.parametrize("agg", ["token", "sequence"])
-def test_padding_changes_nothing(agg):
+@pytest.mark.parametrize("level,norm", [("token", "token"), ("token", "sequence"),
+                                        ("sequence", "sequence"), ("sequence", "constant")])
+def test_padding_changes_nothing(level, norm):
   rng = np.random.default_rng(1)
-  cfg = LossConfig(reference_policy_kl_penalty=0.1, aggregation=agg)
+  cfg = LossConfig(reference_policy_kl_penalty=0.1, ratio_level=level, normalization=norm,
+                   max_completion_tokens=12)
   lp, mask, extras = random_batch(rng)
   base = float(loss_jax.clipped_pg_loss(jnp.asarray(lp), mask, extras, cfg)[0])
   # Extra right-padding columns and an all-padding row, filled with garbage.
@@ -145,10 +176,12 @@ def test_missing_extras_are_named():
   loss_spec.clipped_pg_loss(lp, mask, extras, LossConfig())   # kl 0: no reference needed
   with pytest.raises(KeyError, match="reference_logprobs"):
     loss_jax.clipped_pg_loss(jnp.asarray(lp), mask, extras, LossConfig(reference_policy_kl_penalty=0.1))
-  with pytest.raises(ValueError, match="length_normalization"):
-    LossConfig(length_normalization="seq_mean")
+  with pytest.raises(ValueError, match="normalization"):
+    LossConfig(normalization="token_mean")
+  with pytest.raises(ValueError, match="ratio_level"):
+    LossConfig(ratio_level="group")
   with pytest.raises(ValueError, match="max_completion_tokens"):
-    LossConfig(length_normalization="dr_grpo")
+    LossConfig(normalization="constant")
 
 
 def test_nll_matches_spec_and_microbatches():

@@ -30,7 +30,7 @@ class HFTorchPolicy(Policy):
   def logprobs(self, batch: TrainBatch) -> np.ndarray:
     ids = torch.as_tensor(batch.input_ids, dtype=torch.long)
     mask = torch.as_tensor(batch.attention_mask, dtype=torch.long)
-    logits = self.model(input_ids=ids, attention_mask=mask).logits.float()
+    logits = self.model(input_ids=ids, attention_mask=mask).logits.float() / batch.temperature
     lp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
     out = torch.zeros(ids.shape, dtype=torch.float64)
     out[:, 1:] = lp.double()
@@ -40,7 +40,7 @@ class HFTorchPolicy(Policy):
     """One plain SGD step (lr 1e-2) on loss_fn(logprobs, loss_mask, extras)."""
     self.model.train()
     ids = torch.as_tensor(batch.input_ids, dtype=torch.long)
-    logits = self.model(input_ids=ids, attention_mask=torch.as_tensor(batch.attention_mask)).logits
+    logits = self.model(input_ids=ids, attention_mask=torch.as_tensor(batch.attention_mask)).logits / batch.temperature
     lp = torch.zeros(ids.shape)
     lp[:, 1:] = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None])[..., 0]
     mask = torch.as_tensor(batch.loss_mask, dtype=torch.float32)

@@ -155,3 +155,56 @@ def test_bad_batches_are_rejected(tiny_models, config):
   with pytest.raises(ValueError, match="batch dimension 3"):
     policy.train_step(TrainBatch(b.input_ids, b.attention_mask, b.loss_mask,
                                  {"advantages": np.zeros(3, np.float32)}), masked_nll)
+
+
+def _left_padded(b: TrainBatch) -> TrainBatch:
+  """The same rows with their padding moved to the front."""
+  ids, attn, loss = (np.zeros_like(x) for x in (b.input_ids, b.attention_mask, b.loss_mask))
+  for i in range(b.batch_size):
+    n = int(b.attention_mask[i].sum())
+    ids[i, -n:], attn[i, -n:], loss[i, -n:] = b.input_ids[i, :n], 1, b.loss_mask[i, :n]
+  return TrainBatch(ids, attn, loss, b.extras)
+
+
+def test_left_padding_and_bad_temperature_are_rejected(tiny_models, config):
+  policy = _policy(tiny_models["qwen2"], config)
+  b = _batch(policy.model.config.vocab_size)
+  left = _left_padded(b)
+  for call in (lambda: policy.logprobs(left), lambda: policy.train_step(left, masked_nll)):
+    with pytest.raises(ValueError, match="not right-padded"):
+      call()
+  for t in (0.0, -1.0, float("nan")):
+    with pytest.raises(ValueError, match="temperature must be a finite number > 0"):
+      policy.logprobs(TrainBatch(b.input_ids, b.attention_mask, b.loss_mask, temperature=t))
+  assert policy.step == 0
+
+
+def test_temperature_divides_the_logits_in_logprobs_and_train_step(tiny_models, config):
+  """logprobs(batch at T) is log_softmax(logits / T); train_step feeds the loss the same: with
+  prev = logprobs at T the PPO ratio is exactly 1, with the raw T=1 logprobs it is not."""
+  import jax.numpy as jnp
+  from dockyard.grpo import loss_jax
+  from dockyard.grpo.loss_spec import LossConfig
+  policy = _policy(tiny_models["qwen2"], config)
+  policy.set_lr(0.0)   # weights stay put, so both steps below see the same model
+  b = _batch(policy.model.config.vocab_size, seed=3)
+  hot = TrainBatch(b.input_ids, b.attention_mask, b.loss_mask, b.extras, temperature=0.7)
+  lp_hot, lp_raw = policy.logprobs(hot), policy.logprobs(b)
+  logits = policy.model(jnp.asarray(b.input_ids), jnp.asarray(b.attention_mask))
+  want = np.take_along_axis(np.asarray(jax.nn.log_softmax(logits[:, :-1] / 0.7, axis=-1)),
+                            b.input_ids[:, 1:, None], axis=-1)[..., 0] * b.attention_mask[:, 1:]
+  np.testing.assert_allclose(lp_hot[:, 1:], want, atol=1e-5)
+  m = b.loss_mask > 0
+  assert np.abs(lp_hot - lp_raw)[m].mean() > 0.01   # T=0.7 is another distribution (>> 1e-5)
+  pg = loss_jax.make_pg_loss(LossConfig(use_importance_sampling_correction=False))
+
+  def loss(lp, mask, extras):   # the PG loss, plus how far the trained logprobs are from prev
+    value, metrics = pg(lp, mask, extras)
+    gap = (jnp.abs(lp - extras["prev_logprobs"]) * mask).sum() / extras["total_tokens"]
+    return value, {**metrics, "abs_log_ratio": gap}
+  extras = {**b.extras, "prev_logprobs": lp_hot.astype(np.float32)}
+  at_t = policy.train_step(TrainBatch(b.input_ids, b.attention_mask, b.loss_mask, extras, 0.7), loss)
+  at_1 = policy.train_step(TrainBatch(b.input_ids, b.attention_mask, b.loss_mask, extras), loss)
+  assert at_t["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+  assert at_t["abs_log_ratio"] < 1e-5 and at_t["clip_fraction"] == 0.0
+  assert at_1["abs_log_ratio"] > 0.01

@@ -34,6 +34,10 @@ def test_same_checkpoint_same_weights_and_logprobs(both):
   assert np.all(lp_t[batch.attention_mask == 0] == 0)
   print(f"max |logprob torch - jax| = {np.abs(lp_t - lp_j).max():.2e}")
   np.testing.assert_allclose(lp_t, lp_j, rtol=0, atol=1e-4)
+  batch.temperature = 0.7   # both score softmax(logits / T), the distribution sampled at T
+  hot_t, hot_j = torch_policy.logprobs(batch), jax_policy.logprobs(batch)
+  np.testing.assert_allclose(hot_t, hot_j, rtol=0, atol=1e-4)
+  assert np.abs(hot_t - lp_t)[batch.loss_mask > 0].mean() > 0.01
 
 
 def test_one_train_step_matches(both):

@@ -14,10 +14,10 @@ random_batch = loss_spec.random_batch
 
 
 GRID = [LossConfig(ratio_clip_min=0.2, ratio_clip_max=0.28, ratio_clip_c=c, reference_policy_kl_penalty=kl,
-                   use_importance_sampling_correction=isc, aggregation=agg, length_normalization=ln,
+                   use_importance_sampling_correction=isc, ratio_level=level, normalization=norm,
                    max_completion_tokens=12)
-        for c, kl, isc, agg, ln in itertools.product(
-            (0.0, 3.0), (0.0, 0.05), (False, True), ("token", "sequence"), ("token_mean", "dr_grpo"))]
+        for c, kl, isc, level, norm in itertools.product(
+            (0.0, 3.0), (0.0, 0.05), (False, True), loss_spec.RATIO_LEVELS, loss_spec.NORMALIZATIONS)]
 
 
 def torch_loss(lp, mask, extras, cfg):
@@ -29,10 +29,10 @@ def torch_loss(lp, mask, extras, cfg):
 
 
 @pytest.mark.parametrize("cfg", GRID, ids=lambda c: f"c{c.ratio_clip_c}-kl{c.reference_policy_kl_penalty}-"
-                         f"is{int(c.use_importance_sampling_correction)}-{c.aggregation}-{c.length_normalization}")
+                         f"is{int(c.use_importance_sampling_correction)}-{c.ratio_level}-{c.normalization}")
 def test_matches_spec_values_metrics_and_gradient(cfg):
   rng = np.random.default_rng(0)
-  lp, mask, extras = random_batch(rng, per_token_adv=cfg.aggregation == "token")
+  lp, mask, extras = random_batch(rng, per_token_adv=cfg.ratio_level == "token")
   want, want_metrics = loss_spec.clipped_pg_loss(lp, mask, extras, cfg)
   got, got_metrics, grad = torch_loss(lp, mask, extras, cfg)
   assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
@@ -53,7 +53,12 @@ def test_matches_spec_values_metrics_and_gradient(cfg):
   assert np.abs(grad).sum() > 0
 
 
-@pytest.mark.parametrize("cfg", [GRID[5], GRID[-1], GRID[10]])
+# Every (ratio_level, normalization) pair, with dual clip, KL and the IS correction all on.
+MICRO = [c for c in GRID if c.ratio_clip_c and c.reference_policy_kl_penalty
+         and c.use_importance_sampling_correction]
+
+
+@pytest.mark.parametrize("cfg", MICRO, ids=lambda c: f"{c.ratio_level}-{c.normalization}")
 def test_micro_batches_sum_to_the_full_batch(cfg):
   rng = np.random.default_rng(1)
   lp, mask, extras = random_batch(rng, b=6)

@@ -24,10 +24,12 @@ def test_parameters_are_fsdp2_dtensors(build_policy):
     assert p.device_mesh.mesh_dim_names == ("fsdp",)
 
 
-def test_logprobs_match_the_plain_hf_model_and_ignore_padding(build_policy, model_path):
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_match_the_plain_hf_model_and_ignore_padding(build_policy, model_path, temperature):
   import transformers
   policy = build_policy(micro_batch_size=3)
   batch = torch_common.make_batch(seed=3)
+  batch.temperature = temperature   # log_softmax(logits / T): the distribution sampled at T
   got = policy.logprobs(batch)
   assert got.shape == batch.input_ids.shape and got.dtype == np.float32
   assert np.all(got[:, 0] == 0)
@@ -36,7 +38,7 @@ def test_logprobs_match_the_plain_hf_model_and_ignore_padding(build_policy, mode
     for i in range(batch.batch_size):   # each row alone, unpadded
       n = int(batch.attention_mask[i].sum())
       ids = torch.as_tensor(batch.input_ids[i:i + 1, :n], dtype=torch.long)
-      logp = torch.log_softmax(ref_model(input_ids=ids).logits[0, :-1].float(), -1)
+      logp = torch.log_softmax(ref_model(input_ids=ids).logits[0, :-1].float() / temperature, -1)
       want = logp.gather(-1, ids[0, 1:, None])[:, 0].numpy()
       np.testing.assert_allclose(got[i, 1:n], want, atol=1e-5, rtol=0)
 
@@ -213,3 +215,41 @@ def test_bfloat16_compute_with_remat_keeps_fp32_master_weights(build_policy):
   diff = np.abs(lp32 - lp16)[batch.attention_mask > 0]
   assert 0 < diff.max() < 0.1    # bf16 really ran, and is only rounding away from fp32
   assert np.isfinite(m16["loss"]) and m16["grad_norm"] == pytest.approx(m32["grad_norm"], rel=0.05)
+
+
+def test_train_step_trains_the_tempered_distribution(build_policy):
+  """train_step feeds the loss log_softmax(logits / T), as `logprobs` scores: with prev = the
+  policy's own logprobs at T the PPO ratio is exactly 1; against the raw T=1 logprobs it is not."""
+  from dockyard.grpo.loss_spec import LossConfig
+  policy = build_policy(micro_batch_size=4)
+  policy.set_lr(0.0)   # weights stay put: both steps see the same model
+  batch = torch_common.make_batch(seed=8)
+  hot = TrainBatch(batch.input_ids, batch.attention_mask, batch.loss_mask, batch.extras, 0.7)
+  lp_hot, lp_raw = policy.logprobs(hot), policy.logprobs(batch)
+  m = batch.loss_mask > 0
+  assert np.abs(lp_hot - lp_raw)[m].mean() > 0.01   # >> the 1e-5 agreement above
+  pg = make_pg_loss(LossConfig(use_importance_sampling_correction=False))
+
+  def loss_fn(lp, mask, extras):   # the PG loss, plus how far the trained logprobs are from prev
+    loss, metrics = pg(lp, mask, extras)
+    gap = ((lp - extras["prev_logprobs"]).abs() * mask).sum() / extras["total_tokens"]
+    return loss, {**metrics, "abs_log_ratio": gap.detach()}
+  extras = {**batch.extras, "prev_logprobs": lp_hot}
+  at_t = policy.train_step(TrainBatch(batch.input_ids, batch.attention_mask, batch.loss_mask, extras, 0.7), loss_fn)
+  at_1 = policy.train_step(TrainBatch(batch.input_ids, batch.attention_mask, batch.loss_mask, extras), loss_fn)
+  assert at_t["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+  assert at_t["abs_log_ratio"] < 1e-5 and at_t["clip_fraction"] == 0.0
+  assert at_1["abs_log_ratio"] > 0.01
+
+
+def test_left_padding_is_rejected(build_policy):
+  policy = build_policy()
+  batch = torch_common.make_batch(seed=9)
+  left = TrainBatch(np.flip(batch.input_ids, 1), np.flip(batch.attention_mask, 1),
+                    np.flip(batch.loss_mask, 1), batch.extras)
+  with pytest.raises(ValueError, match="not right-padded"):
+    policy.logprobs(left)
+  with pytest.raises(ValueError, match="not right-padded"):
+    policy.train_step(torch_common.with_prev(left, np.zeros(left.input_ids.shape, np.float32)),
+                      make_pg_loss(torch_common.loss_config(policy.config)))
+  assert policy.step == 0

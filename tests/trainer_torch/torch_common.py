@@ -61,4 +61,4 @@ def with_prev(batch: TrainBatch, logprobs: np.ndarray, seed: int = 1) -> TrainBa
   rng = np.random.default_rng(seed)
   prev = (logprobs + rng.normal(scale=0.1, size=logprobs.shape)).astype(np.float32)
   return TrainBatch(batch.input_ids, batch.attention_mask, batch.loss_mask,
-                    {**batch.extras, "prev_logprobs": prev})
+                    {**batch.extras, "prev_logprobs": prev}, batch.temperature)
