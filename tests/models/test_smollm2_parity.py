@@ -49,6 +49,17 @@ def _now() -> tuple[float, float]:
   return time.perf_counter(), time.process_time()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+  """torch on one thread: on a shared 2-core machine two OpenMP threads spin against each other
+  (measured: batched `generate` of 8 tokens took 15-17 s CPU on 2 threads, 1.5 s on one). The
+  in-process vLLM engine drops to one thread as well."""
+  before = torch.get_num_threads()
+  torch.set_num_threads(1)
+  yield
+  torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def model_dir():
   start = _now()
@@ -88,7 +99,7 @@ def batch(tokenizer):
                ("Answer in one line.", "Write a haiku.", "Leaves fall slowly down"),
                (None, "Who wins?", "I do not know."),
                (None, "Why is 2 + 2 = 4?", "Because two and two make four."),
-               (None, "When does water boil?", "At 100 degrees Celsius at sea level; higher up, where the air pressure is lower, it boils "
+               (None, "When does water boil?", "At 100 degrees Celsius at sea level; higher up, where the air is thinner, it boils "
                 "at a lower temperature.")]
   seqs = []
   for system, question, answer in exchanges:
@@ -163,16 +174,27 @@ def test_jax_logprobs_match_transformers(jax_policy, batch, reference_logprobs):
   _assert_close(ours, reference_logprobs, batch, "JAX policy")
 
 
-def test_vllm_greedy_matches_transformers(engine, reference, tokenizer):
-  from dockyard.rollout.base import SamplingParams
+@pytest.fixture(scope="module")
+def greedy_prompts(tokenizer):
   from dockyard.rollout.chat import chat_prompt_ids
-  prompts = [chat_prompt_ids(tokenizer, [{"role": "user", "content": p}]) for p in GREEDY_PROMPTS]
+  return [chat_prompt_ids(tokenizer, [{"role": "user", "content": p}]) for p in GREEDY_PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def hf_greedy(reference, tokenizer, greedy_prompts):
+  """transformers' greedy tokens, in one left-padded `generate` call."""
   start = _now()
-  out = engine.generate(prompts, n=1, sampling=SamplingParams(temperature=0.0, max_tokens=GREEDY_TOKENS))
-  _timed("vLLM greedy 8x32", start)
-  start = _now()
-  hf = hf_greedy_batch(reference.model, prompts, GREEDY_TOKENS, pad_id=tokenizer.pad_token_id)
+  out = hf_greedy_batch(reference.model, greedy_prompts, GREEDY_TOKENS, pad_id=tokenizer.pad_token_id)
   _timed("transformers batched greedy 8x32", start)
+  return out
+
+
+def test_vllm_greedy_matches_transformers(hf_greedy, engine, tokenizer, greedy_prompts):
+  from dockyard.rollout.base import SamplingParams
+  start = _now()
+  out = engine.generate(greedy_prompts, n=1, sampling=SamplingParams(temperature=0.0, max_tokens=GREEDY_TOKENS))
+  _timed("vLLM greedy 8x32", start)
+  hf = hf_greedy
   eos = tokenizer.eos_token_id
   full = 0
   for i, ((c,), theirs) in enumerate(zip(out, hf)):
