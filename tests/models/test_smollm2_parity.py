@@ -6,8 +6,10 @@ the torch backend's logprobs within 1e-4; vLLM's greedy continuations of 8 chat 
 tokens) equal to transformers' (one left-padded `generate` call); after a refit from the JAX
 policy, vLLM's prompt logprobs within the refit canary's bound, with the tied lm_head refreshed.
 
-The vLLM tests come before the torch one: the torch policy starts a one-rank process group, and
-an engine is built only before that (as the full suite orders them).
+The torch test runs last: it leaves a one-rank gloo process group in the process (tests/rollout's
+engine, built after it in the full suite, starts fine beside it). Measured on the shared 2-core
+machine: ~70 s for the module with the conversion cached, plus ~50 s for the conversion itself on
+a machine's first run; each phase prints its wall and CPU time (`pytest -s`).
 """
 from __future__ import annotations
 
@@ -54,11 +56,13 @@ def _now() -> tuple[float, float]:
 def one_torch_thread():
   """torch on one thread: on a shared 2-core machine two OpenMP threads spin against each other
   (measured: batched `generate` of 8 tokens took 15-17 s CPU on 2 threads, 1.5 s on one). The
-  in-process vLLM engine drops to one thread as well."""
+  in-process vLLM engine drops to one thread as well. torch._C's setter: once any engine of the
+  session has started, vLLM's CPU worker replaces `torch.set_num_threads` with a no-op (and an
+  earlier module's engine leaves 2 threads: 6-10x the CPU time for both generates here)."""
   before = torch.get_num_threads()
-  torch.set_num_threads(1)
+  torch._C.set_num_threads(1)
   yield
-  torch.set_num_threads(before)
+  torch._C.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
