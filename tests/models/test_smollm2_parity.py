@@ -8,8 +8,8 @@ policy, vLLM's prompt logprobs within the refit canary's bound, with the tied lm
 
 The torch test runs last: it leaves a one-rank gloo process group in the process (tests/rollout's
 engine, built after it in the full suite, starts fine beside it). Measured on the shared 2-core
-machine: ~70 s for the module with the conversion cached, plus ~50 s for the conversion itself on
-a machine's first run; each phase prints its wall and CPU time (`pytest -s`).
+machine: 45-105 s for the module with the conversion cached (load 6-20), plus 38-50 s for the
+conversion on a machine's first run; each phase prints its wall and CPU time (`pytest -s`).
 """
 from __future__ import annotations
 
@@ -104,8 +104,8 @@ def batch(tokenizer):
                ("Answer in one line.", "Write a haiku.", "Leaves fall slowly down"),
                (None, "Who wins?", "I do not know."),
                (None, "Why is 2 + 2 = 4?", "Because two and two make four."),
-               (None, "When does water boil?", "At 100 degrees Celsius at sea level; higher up, where the air is thinner, it boils "
-                "at a lower temperature.")]
+               (None, "When does water boil?", "At 100 degrees Celsius at sea level; higher up, "
+                "where the air is thinner, it boils at a lower temperature.")]
   seqs = []
   for system, question, answer in exchanges:
     messages = ([{"role": "system", "content": system}] if system else []) + [
@@ -201,7 +201,8 @@ def hf_greedy(reference, tokenizer, greedy_prompts):
 def test_vllm_greedy_matches_transformers(hf_greedy, engine, tokenizer, greedy_prompts):
   from dockyard.rollout.base import SamplingParams
   start = _now()
-  out = engine.generate(greedy_prompts, n=1, sampling=SamplingParams(temperature=0.0, max_tokens=GREEDY_TOKENS))
+  greedy = SamplingParams(temperature=0.0, max_tokens=GREEDY_TOKENS)
+  out = engine.generate(greedy_prompts, n=1, sampling=greedy)
   _timed("vLLM greedy 8x32", start)
   hf = hf_greedy
   eos = tokenizer.eos_token_id
