@@ -144,6 +144,7 @@ def dockyard_config(s: dict):
   c.env.math = dict(seed=int(s["seed"]), ops=("+",), min_operand=s["min_operand"],
                     max_operand=s["max_operand"], num_train=s["num_train"],
                     num_validation=s["num_validation"], system_prompt="", gold_format="answer")
+  c.refit.transport = s.get("refit_transport", "auto")
   c.checkpoint.enabled = False
   c.logging.tensorboard, c.logging.png_curve = False, False
   validate.validate(c)
@@ -359,6 +360,7 @@ def main():
   p.add_argument("--model", default="", help=f"HF directory or package:NAME (default {DEFAULT_MODEL}; "
                  "--smoke: the tiny model)")
   p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--refit_transport", default="auto", help="dockyard's config.refit.transport")
   p.add_argument("--report", default="", help="also write the whole report as JSON here")
   for k in SIZES["full"]:
     p.add_argument(f"--{k}", type=type(SIZES["full"][k]), default=None)
@@ -396,10 +398,13 @@ def main():
   except ImportError:
     sys.exit("bench/peer_trl.py needs TRL: pip install -e '.[bench]'")
   t_all = time.perf_counter()
-  s.update(seed=args.seed, model_dir=resolve_model(args, size))
+  s.update(seed=args.seed, refit_transport=args.refit_transport, model_dir=resolve_model(args, size))
   learn = s["num_validation"] > 0
-  config = dockyard_config(s)   # fails here, before any child starts, on a bad setting
-  del config
+  from dockyard import validate
+  try:
+    dockyard_config(s)   # fails here, before any child starts, on a bad setting
+  except validate.ConfigError as e:
+    sys.exit(f"error: {e}")
   print(f"peer_trl ({size}): model {s['model_dir']}, trl {trl.__version__}", flush=True)
   print("settings (both sides): " + ", ".join(f"{k}={v}" for k, v in s.items() if k != "model_dir"),
         flush=True)
