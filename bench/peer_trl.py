@@ -90,6 +90,10 @@ sys.path.insert(0, ROOT)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+# Fewer glibc malloc arenas: on the real model the dockyard side's trainer and engine RSS grew with
+# every refit (to ~9 + ~5 GB by step 3 at 4 steps) and Ray's memory monitor killed the engine on
+# this shared 24 GiB machine; with 2 arenas the 3-step run peaked at ~8.3 + ~4.2 GB (one run each).
+os.environ.setdefault("MALLOC_ARENA_MAX", "2")
 # TRL's trainer pings the Hub (telemetry) at start unless told not to; nothing here needs the Hub.
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -209,7 +213,7 @@ def side_dockyard(s: dict, workdir: str) -> dict:
   step_s = [r["time/step"] - r.get("time/validate", 0.0) for r in steps]
   parts = {k: [r.get(f"time/{k}", 0.0) for r in steps] for k in ("generate", "score", "train", "refit")}
   return dict(wall_s=wall, step_s=step_s, parts=parts, steps=len(steps),
-              reward=[r.get("reward/raw_mean") for r in steps],
+              reward=[r.get("reward/shaped_mean") for r in steps],
               val_start=val[0]["val/accuracy"] if val and val[0]["step"] == 0 else None,
               val_end=val[-1]["val/accuracy"] if val and val[-1]["step"] == s["steps"] else None)
 
@@ -273,11 +277,24 @@ def side_trl(s: dict, workdir: str) -> dict:
                         args=trl_args(s, config, os.path.join(workdir, "trl")),
                         train_dataset=dataset, processing_class=tokenizer, callbacks=[timer])
   setup_s = time.perf_counter() - t0
+  # TRL reports no per-part times without wandb; time its generation call (private, one per step).
+  generate_s: list[float] = []
+  if hasattr(trainer, "_generate"):
+    inner = trainer._generate
+
+    def timed_generate(*a, **k):
+      t = time.perf_counter()
+      try:
+        return inner(*a, **k)
+      finally:
+        generate_s.append(time.perf_counter() - t)
+    trainer._generate = timed_generate
   trainer.train()
   wall = time.perf_counter() - t0
   out = dict(wall_s=wall, setup_s=setup_s, steps=len(timer.marks) - 1,
              step_s=[b - a for a, b in zip(timer.marks, timer.marks[1:])],
              reward=[h["reward"] for h in trainer.state.log_history if "reward" in h],
+             generate_s=generate_s,
              prompts=seen, expected_prompts=[[t["instance_id"] for t in order[i:i + s["prompts"]]]
                                              for i in range(0, len(order), s["prompts"])])
   if s["num_validation"] > 0:
@@ -294,13 +311,16 @@ def run_child(side: str, spec_path: str, workdir: str, extra: list[str] = ()) ->
   env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
   cmd = [sys.executable, os.path.abspath(__file__), f"--_child={side}", f"--_spec={spec_path}",
          f"--_workdir={workdir}", f"--_out={out}", *extra]
-  t0 = time.perf_counter()
+  t0, load0 = time.perf_counter(), os.getloadavg()[0]
   proc = subprocess.run(cmd, env=env, cwd=ROOT)
   if proc.returncode != 0:
     sys.exit(f"bench/peer_trl.py: the {side} side failed (exit {proc.returncode}); its output is above")
   with open(out) as f:
     result = json.load(f)
   result["process_s"] = time.perf_counter() - t0
+  # The machine's 1-minute load before and after: the two sides do not run under the same load
+  # on a shared machine, and the ratio moves with it.
+  result["load"] = [round(load0, 1), round(os.getloadavg()[0], 1)]
   return result
 
 
@@ -427,11 +447,12 @@ def main():
   print(f"dockyard: {dy['steps']} steps, step times {fmt(dy['step_s'])} s, mean without the first "
         f"{dy_step:.2f} s (generate {mean(steady(dy['parts']['generate'])):.2f}, score "
         f"{mean(steady(dy['parts']['score'])):.3f}, train {mean(steady(dy['parts']['train'])):.2f}, "
-        f"refit {mean(steady(dy['parts']['refit'])):.2f}); process {dy['process_s']:.0f} s", flush=True)
+        f"refit {mean(steady(dy['parts']['refit'])):.2f}); process {dy['process_s']:.0f} s, load "
+        f"{dy['load'][0]} -> {dy['load'][1]}", flush=True)
   print(f"trl     : {tr['steps']} steps, step times {fmt(tr['step_s'])} s, mean without the first "
-        f"{tr_step:.2f} s (HF generate + scoring + train); "
-        f"process {tr['process_s']:.0f} s", flush=True)
-  print(f"train reward per step: dockyard {[round(x, 3) for x in dy['reward']]}, "
+        f"{tr_step:.2f} s (HF generate {mean(steady(tr['generate_s'])):.2f}, the rest scoring + train); "
+        f"process {tr['process_s']:.0f} s, load {tr['load'][0]} -> {tr['load'][1]}", flush=True)
+  print(f"shaped train reward per step: dockyard {[round(x, 3) for x in dy['reward']]}, "
         f"trl {[round(x, 3) for x in tr['reward']]}", flush=True)
   report = dict(size=size, settings=s, dockyard=dy, trl=tr, speed_vs_trl=ratio(tr_step, dy_step))
   if learn:
