@@ -1,6 +1,6 @@
 r"""dockyard's GRPO beside TRL's `GRPOTrainer`: the same weights, prompts, reward and settings.
 
-  python bench/peer_trl.py --quick      # speed only, 4 steps each side, real model (~5-8 min here)
+  python bench/peer_trl.py --quick      # speed only, 4 steps each side, real model (~9 min here)
   python bench/peer_trl.py --smoke      # the smallest size: a tiny local model (CI)
   python bench/peer_trl.py              # learning + speed, then the same held-out evaluation
   python bench/peer_trl.py --model=/path/to/hf/dir   # any HF directory instead of the packaged model
@@ -37,9 +37,9 @@ Matched one for one (dockyard key <-> TRL `GRPOConfig` field):
   completion budget        rollout.max_new_tokens <-> max_completion_length
   advantages               group mean baseline, no std scaling (grpo.advantage.leave_one_out=False,
                            normalize_std=False) <-> scale_rewards="none"
-  loss aggregation         loss_fn.aggregation="token", length_normalization="token_mean" (sum over
-                           the step's tokens / its token count) <-> loss_type="dapo" (normalized by
-                           the active tokens of the whole generation batch), importance_sampling_level="token"
+  loss aggregation         loss_fn.ratio_level="token", normalization="token" (sum over the step's
+                           tokens / its token count) <-> loss_type="dapo" (normalized by the active
+                           tokens of the whole generation batch), importance_sampling_level="token"
   clipping                 ratio_clip_min 0.2 / ratio_clip_max 0.28 <-> epsilon 0.2 / epsilon_high 0.28
   epochs per batch         grpo.num_minibatches = 1 <-> num_iterations = 1
   truncated completions    kept in the loss on both (mask_truncated_completions=False)
@@ -61,8 +61,8 @@ Not matched, and why:
     vLLM samples from the model it trains (no mismatch, no IS weight).
   - Dual clip (loss_fn.ratio_clip_c = 3): TRL has none. With one optimizer step per batch the
     ratio is exactly 1 at update time on both sides, so neither clip acts.
-  - Temperature is fixed at 1: dockyard's trainer scores T=1 logprobs while vLLM samples from
-    softmax(z/T) (issue 13, part 3); TRL divides the logits by T. At T=1 the two agree.
+  - Temperature: 1.0 here. Both sides train the distribution that samples (logits / T in
+    dockyard's trainer and TRL's), so another T would match too; the bench does not expose it.
   - Leave-one-out baseline (configs/math.py's default): TRL's GRPOTrainer has only the group mean,
     so dockyard runs with the group mean here.
 
@@ -141,7 +141,7 @@ def dockyard_config(s: dict):
   lf = c.loss_fn
   lf.reference_policy_kl_penalty = s["beta"]
   lf.ratio_clip_min, lf.ratio_clip_max = 0.2, 0.28
-  lf.aggregation, lf.length_normalization = "token", "token_mean"
+  lf.ratio_level, lf.normalization = "token", "token"
   r = c.rollout
   r.max_new_tokens, r.max_model_len = s["max_new_tokens"], s["max_model_len"]
   r.temperature, r.top_p, r.val_temperature = 1.0, 1.0, 0.0
