@@ -51,7 +51,7 @@ EXTRAS = {
         "pytest-asyncio==1.5.0",
     ],
     # bench/peer_trl.py: TRL's GRPOTrainer as the peer (not needed to train with dockyard).
-    # accelerate is TRL's own requirement; the same pin as the GGUF loader's, if that is in the runtime.
+    # accelerate is TRL's own requirement (the runtime pins the same version for the GGUF loader).
     "bench": [
         "trl==1.16.0",
         "accelerate==1.16.0",
