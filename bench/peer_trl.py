@@ -1,6 +1,6 @@
 r"""dockyard's GRPO beside TRL's `GRPOTrainer`: the same weights, prompts, reward and settings.
 
-  python bench/peer_trl.py --quick      # speed only, 4 steps each side, real model (~9 min here)
+  python bench/peer_trl.py --quick      # speed only, 4 steps each side, real model (~11 min here: TRL's side ~9)
   python bench/peer_trl.py --smoke      # the smallest size: a tiny local model (CI)
   python bench/peer_trl.py              # learning + speed, then the same held-out evaluation
   python bench/peer_trl.py --model=/path/to/hf/dir   # any HF directory instead of the packaged model
