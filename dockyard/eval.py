@@ -110,7 +110,7 @@ def evaluate(config, *, generator, env, tokenizer, tasks, workdir: str) -> dict:
 if __name__ == "__main__":
   from absl import app
   from dockyard import launch
-  argv = list(sys.argv)
-  if not any(a.startswith("--config.run.mode") for a in argv):
-    argv.append("--config.run.mode=eval")
-  app.run(launch.main, argv=argv, flags_parser=launch.parse_flags)
+  # Into sys.argv itself: config_flags defines the `--config.*` override flags it finds there.
+  if not any(a.startswith("--config.run.mode") for a in sys.argv):
+    sys.argv.append("--config.run.mode=eval")
+  app.run(launch.main, flags_parser=launch.parse_flags)
