@@ -117,7 +117,7 @@ def smollm(c):
   c.rollout.max_new_tokens = 48
   c.rollout.temperature = 1.0
   c.rollout.val_temperature = 0.0
-  c.rollout.cpu_kvcache_space_gib = 2   # 46 KB of KV a token: 2 GiB holds ~46k tokens
+  c.rollout.cpu_kvcache_space_gib = 1   # 46 KB of KV a token: 1 GiB holds ~23k tokens (~90 full-length sequences at once)
   c.env.math.update(
       seed=0, ops=("+", "-"), min_operand=10, max_operand=99,   # 16,200 distinct questions
       num_train=4000, num_validation=200,
