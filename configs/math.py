@@ -84,6 +84,8 @@ def get_config(arg=None):
       num_validation=1000 if full else 20,
       system_prompt="",
       gold_format="answer",        # SFT target: "answer" ("7") | "equation" ("3 + 4 = 7")
+      instruction="",              # appended to the question in the user turn
+      answer_extraction="last_integer",   # last_integer | answer_tag (only "Answer: N" counts)
   )
 
   # checkpoint: best-k by validation accuracy.
@@ -112,7 +114,7 @@ def smollm(c):
   # Prompt (~50 tokens with the template's default system turn) + the reply.
   c.policy.max_seq_len = 256
   c.rollout.max_model_len = 256
-  # Measured greedy on 100 training questions with this instruction: replies of p50 11 / p90 13 /
+  # Measured greedy on 100 training questions with this instruction: replies of p50 12 / p90 16 /
   # max 27 tokens; 48 leaves room for the longer sampled (T=1) replies.
   c.rollout.max_new_tokens = 48
   c.rollout.temperature = 1.0
@@ -122,8 +124,8 @@ def smollm(c):
       seed=0, ops=("+", "-"), min_operand=10, max_operand=99,   # 16,200 distinct questions
       num_train=4000, num_validation=200,
       system_prompt="",   # '' : the chat template's own default system turn
+      # The model rarely writes "Answer:" but, asked this way, replies short: "97 + 83 = 170".
       instruction="End your reply with 'Answer: <number>'.",
-      answer_extraction="last_integer",
   )
   c.grpo.sft_warmup.steps = 0
   c.grpo.max_val_samples = 200           # the whole held-out split, greedy
