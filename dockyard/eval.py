@@ -1,31 +1,65 @@
-r"""Evaluation: generate once per task of the test split and report the resolve rate with a 95%
-confidence interval, through the same code path as validation (`sync_loop.run_validation`).
+r"""Evaluation on the test split: pass@1 of one sample per task at `rollout.val_temperature`
+(greedy at 0) with a 95% Wilson interval, through the same code path as validation
+(`sync_loop.run_validation`); then, when `eval.pass_k > 0`, `eval.num_samples` samples per task at
+`eval.temperature` and the unbiased pass@k (and pass@1 of those samples), each with a 95%
+percentile-bootstrap interval over tasks (`dockyard.estimators`).
 
-  python -m dockyard.eval --config=configs/swe.py --workdir=workdirs/swe_eval \
+  python -m dockyard.eval --config=configs/math.py:smollm --workdir=workdirs/math_eval \
       [--config.policy.model_name_or_path=/path/to/hf/checkpoint]
 
 It is `dockyard.launch` with `run.mode=eval`: the same validation of the config and the same parts.
+Writes eval.json (the numbers) and eval_samples.jsonl (every completion, its reward and success)
+into the workdir.
 """
 from __future__ import annotations
 
 import asyncio
 import json
-import math
 import os
 import sys
 
+import numpy as np
+
+from dockyard import estimators
+from dockyard.estimators import wilson_interval  # noqa: F401 — the historical import path
 from dockyard.rollout.base import SamplingParams
 
+SAMPLES = "eval_samples.jsonl"
 
-def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-  """The Wilson score interval of a binomial proportion (well-behaved at 0, 1 and small n)."""
-  if n == 0:
-    return (0.0, 1.0)
-  p = successes / n
-  denom = 1 + z * z / n
-  centre = (p + z * z / (2 * n)) / denom
-  half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-  return (max(0.0, centre - half), min(1.0, centre + half))
+
+def sampled_pass_at_k(config, *, generator, env, tokenizer, tasks, loop, max_in_flight: int,
+                      records: list) -> dict:
+  """`eval.num_samples` completions per task at `eval.temperature`: pass@1 and pass@k with CIs."""
+  from dockyard.grpo.sync_loop import collect_groups, score_groups, success_of
+  e, r = config.eval, config.rollout
+  n, k = int(e.num_samples), int(e.pass_k)
+  # No request seed: one seed is shared by every prompt of a request, so sample i of every task
+  # would reuse one random stream (measured on SmolLM2: the same reply for 69 of 200 tasks'
+  # first samples), correlating tasks that pass@k's bootstrap treats as independent. Unseeded
+  # samples come from the engine's generator, seeded once at its construction (run.seed).
+  sampling = SamplingParams(temperature=float(e.temperature), top_p=1.0, max_tokens=r.max_new_tokens)
+  groups = collect_groups(generator, env, tokenizer, tasks, n, sampling)
+  loop.run_until_complete(score_groups(env, groups, max_in_flight))
+  ok = success_of(env)
+  counts = []
+  for g in groups:
+    wins = [bool(ok(rw)) for rw in g.rewards]
+    counts.append((n, sum(wins)))
+    for i, (text, rw, w) in enumerate(zip(g.texts, g.rewards, wins)):
+      records.append(dict(instance_id=str(g.task.get("instance_id", "")), kind=f"sample_T{e.temperature:g}",
+                          index=i, completion=text, reward=float(rw.value), success=w,
+                          malformed=bool(rw.malformed)))
+  out = {"num_samples": n, "temperature": float(e.temperature),
+         "completion_len_mean": float(np.mean([len(c.token_ids) for g in groups for c in g.completions])),
+         "truncated_fraction": float(np.mean([c.finish_reason == "length" for g in groups
+                                              for c in g.completions]))}
+  seed, resamples = int(config.run.seed), int(e.bootstrap_resamples)
+  for kk in sorted({1, k}):
+    per_task = estimators.pass_at_k_per_problem(counts, kk)
+    out[f"pass@{kk}"] = float(per_task.mean())
+    out[f"pass@{kk}_ci95"] = list(estimators.bootstrap_ci(per_task, resamples, seed))
+  out["tasks_with_a_success"] = int(sum(c > 0 for _, c in counts))
+  return out
 
 
 def evaluate(config, *, generator, env, tokenizer, tasks, workdir: str) -> dict:
@@ -36,28 +70,48 @@ def evaluate(config, *, generator, env, tokenizer, tasks, workdir: str) -> dict:
   sampling = SamplingParams(temperature=r.val_temperature, top_p=1.0, max_tokens=r.max_new_tokens,
                             seed=config.run.seed)
   loop = asyncio.new_event_loop()
+  samples: list[dict] = []
+  sampled = None
   try:
     max_in_flight = int(config.env.code.max_in_flight)
-    metrics = run_validation(generator, env, tokenizer, tasks, sampling, loop, max_in_flight)
+    metrics = run_validation(generator, env, tokenizer, tasks, sampling, loop, max_in_flight, samples=samples)
+    for s in samples:
+      s["kind"] = f"val_T{r.val_temperature:g}"
+    if int(config.eval.pass_k) > 0:
+      sampled = sampled_pass_at_k(config, generator=generator, env=env, tokenizer=tokenizer, tasks=tasks,
+                                  loop=loop, max_in_flight=max_in_flight, records=samples)
     loop.run_until_complete(env.close())
   finally:
     loop.close()
   key = "val/resolve_rate" if "val/resolve_rate" in metrics else config.checkpoint.metric
   n = len(tasks)
-  successes = round(metrics[key] * n)
-  lo, hi = wilson_interval(successes, n)
-  report = {"n": n, "metric": key.split("/", 1)[1], "rate": metrics[key], "ci95": [lo, hi], **metrics}
+  successes = round(metrics["val/pass@1"] * n)
+  lo, hi = metrics["val/pass@1_ci95_lo"], metrics["val/pass@1_ci95_hi"]
+  report = {"n": n, "metric": key.split("/", 1)[1], "rate": metrics[key],
+            "pass@1": metrics["val/pass@1"], "pass@1_ci95": [lo, hi],
+            "pass@1_temperature": float(r.val_temperature), "max_new_tokens": int(r.max_new_tokens),
+            "ci95": [lo, hi], **metrics}
+  if sampled is not None:
+    report["sampled"] = sampled
   with open(os.path.join(workdir, "eval.json"), "w") as f:
     json.dump(report, f, indent=2)
-  print(f"eval: {report['metric']} = {metrics[key]:.3f} ({successes}/{n}), 95% CI [{lo:.3f}, {hi:.3f}]",
-        flush=True)
+  with open(os.path.join(workdir, SAMPLES), "w") as f:
+    f.writelines(json.dumps(s) + "\n" for s in samples)
+  print(f"eval: pass@1 (T={r.val_temperature:g}) = {report['pass@1']:.3f} ({successes}/{n}), "
+        f"95% CI [{lo:.3f}, {hi:.3f}]", flush=True)
+  if sampled is not None:
+    for kk in sorted({1, int(config.eval.pass_k)}):
+      clo, chi = sampled[f"pass@{kk}_ci95"]
+      print(f"eval: pass@{kk} (n={sampled['num_samples']}, T={sampled['temperature']:g}) = "
+            f"{sampled[f'pass@{kk}']:.3f}, 95% CI [{clo:.3f}, {chi:.3f}] (bootstrap over {n} tasks)",
+            flush=True)
   return report
 
 
 if __name__ == "__main__":
   from absl import app
   from dockyard import launch
-  argv = list(sys.argv)
-  if not any(a.startswith("--config.run.mode") for a in argv):
-    argv.append("--config.run.mode=eval")
-  app.run(launch.main, argv=argv, flags_parser=launch.parse_flags)
+  # Into sys.argv itself: config_flags defines the `--config.*` override flags it finds there.
+  if not any(a.startswith("--config.run.mode") for a in sys.argv):
+    sys.argv.append("--config.run.mode=eval")
+  app.run(launch.main, flags_parser=launch.parse_flags)

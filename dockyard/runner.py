@@ -90,6 +90,15 @@ def run(config, paths: dict[str, str]) -> None:
       tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)
     with component("env"):
       env, train_tasks, val_tasks, test_tasks = build_env(config, tokenizer, stack)
+    if config.run.mode == "eval":   # generation only: no trainer (its weights and memory), no refit
+      with component("rollout"):
+        from dockyard.rollout.fleet import RolloutFleet
+        generator = RolloutFleet(config, model_path)
+        stack.callback(generator.shutdown)
+      from dockyard import eval as eval_lib
+      eval_lib.evaluate(config, generator=generator, env=env, tokenizer=tokenizer, tasks=test_tasks,
+                        workdir=paths["workdir"])
+      return
     with component("trainer"):
       from dockyard import policy_factory
       policy = policy_factory.make_policy(config, model_path)
@@ -101,11 +110,6 @@ def run(config, paths: dict[str, str]) -> None:
       from dockyard.refit.synchronizer import create_weight_synchronizer
       synchronizer = create_weight_synchronizer(config, policy, generator)
     setup_s = time.perf_counter() - t0
-    if config.run.mode == "eval":
-      from dockyard import eval as eval_lib
-      eval_lib.evaluate(config, generator=generator, env=env, tokenizer=tokenizer, tasks=test_tasks,
-                        workdir=paths["workdir"])
-      return
     if config.grpo.async_grpo.enabled:
       from dockyard.grpo.async_loop import async_grpo_train as train_fn
     else:

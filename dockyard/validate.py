@@ -193,8 +193,26 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise ConfigError("refit.transport", f"unknown transport {config.refit.transport!r}")
   if config.env.name not in ("swe", "math"):
     raise ConfigError("env.name", f"must be 'swe' or 'math', got {config.env.name!r}")
+  if config.env.name == "math":
+    from dockyard.envs import math as math_env   # NumPy only: no model, no engine
+    try:
+      math_env.MathConfig.from_config(config)
+    except ValueError as err:
+      raise ConfigError("env.math", str(err).removeprefix("env.math.")) from None
   if config.env.name == "swe" and config.env.code.reward not in ("resolved", "pass_rate"):
     raise ConfigError("env.code.reward", f"must be 'resolved' or 'pass_rate', got {config.env.code.reward!r}")
+  e = config.eval
+  if e.pass_k < 0:
+    raise ConfigError("eval.pass_k", f"must be >= 0 (0: greedy pass@1 only), got {e.pass_k}")
+  if e.pass_k > 0:
+    if e.num_samples < e.pass_k:
+      raise ConfigError("eval.num_samples", f"pass@{e.pass_k} needs at least {e.pass_k} samples per task, "
+                        f"got {e.num_samples}")
+    if e.temperature <= 0:
+      raise ConfigError("eval.temperature", f"pass@k samples need a temperature > 0 (greedy samples "
+                        f"are all the same), got {e.temperature}")
+    if e.bootstrap_resamples < 1:
+      raise ConfigError("eval.bootstrap_resamples", f"must be >= 1, got {e.bootstrap_resamples}")
   if config.checkpoint.metric_mode not in ("max", "min"):
     raise ConfigError("checkpoint.metric_mode", f"must be 'max' or 'min', got {config.checkpoint.metric_mode!r}")
   if config.checkpoint.keep_top_k < 1:

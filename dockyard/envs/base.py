@@ -27,5 +27,10 @@ class Environment(abc.ABC):
   async def score(self, task: Mapping[str, Any], completion: str) -> Reward:
     """Scores one completion of the task."""
 
+  def is_success(self, reward: Reward) -> bool:
+    """Whether a scored completion solves its task (pass@k counts these); envs whose reward is
+    not 0/1 correctness override it."""
+    return reward.value >= 1.0
+
   async def close(self) -> None:
     """Releases clients and connections."""

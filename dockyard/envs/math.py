@@ -1,14 +1,21 @@
 """An in-process arithmetic verifier environment ("What is 37 + 48?" -> reward 1 if right).
 
 Its data set is generated deterministically from a seed (`config.env.math`) and split into
-disjoint train / validation sets of distinct questions. The reward reads the LAST integer in the
-completion (so "The answer is 85" and "85" both count); a completion with no integer is
-malformed (reward 0, `malformed=True`, so shaping can penalize it). Small and fast: it is what
-shows learning on a 2-core machine (`configs/math.py`) and exercises the GRPO loop without a
-sandbox.
+disjoint train / validation sets of distinct questions. The prompt is the question, then the
+optional `instruction` ("Answer with the number only."), as the user turn of the tokenizer's chat
+template (with `system_prompt` as a system turn when set).
+
+The reward reads ONE final answer, so a reply cannot hedge by listing candidates:
+`answer_extraction="last_integer"` (default) takes the last integer of the completion ("The
+answer is 85." and "37 + 48 = 85" both count; "85 or 86" reads 86); `"answer_tag"` takes only
+the integer right after the last "Answer:" and treats a reply without one as malformed. A
+completion with no answer to read is malformed (reward 0, `malformed=True`, so shaping can
+penalize it). Small and fast: it is what shows learning on a 2-core machine (`configs/math.py`)
+and exercises the GRPO loop without a sandbox.
 
 Beyond `Environment`, it offers what the loop uses when an env has it:
-`gold_completion(task)` (the SFT warm start's target) and `validation_metrics(rewards)`.
+`gold_completion(task)` (the SFT warm start's target) and `validation_metrics(rewards)`; its
+reward is 0/1 correctness, so `Environment.is_success` (reward >= 1) is what pass@k counts.
 """
 from __future__ import annotations
 
@@ -21,8 +28,10 @@ import numpy as np
 from dockyard.envs.base import Environment, Reward
 
 GOLD_FORMATS = ("answer", "equation")
+EXTRACTIONS = ("last_integer", "answer_tag")
 OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 _INT = re.compile(r"-?\d+")
+_TAGGED = re.compile(r"Answer:\s*(-?\d+)", re.IGNORECASE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +46,8 @@ class MathConfig:
   # The SFT warm start's target: "answer" ("7") or "equation" ("3 + 4 = 7": the operands restated
   # next to the result, a worked answer). The reward reads the last integer either way.
   gold_format: str = "answer"
+  instruction: str = ""            # appended to the question in the user turn ('' : the question alone)
+  answer_extraction: str = "last_integer"   # last_integer | answer_tag (see the module docstring)
 
   def __post_init__(self):
     bad = [o for o in self.ops if o not in OPS]
@@ -46,6 +57,9 @@ class MathConfig:
       raise ValueError(f"env.math.min_operand ({self.min_operand}) > max_operand ({self.max_operand})")
     if self.gold_format not in GOLD_FORMATS:
       raise ValueError(f"env.math.gold_format must be one of {GOLD_FORMATS}, got {self.gold_format!r}")
+    if self.answer_extraction not in EXTRACTIONS:
+      raise ValueError(f"env.math.answer_extraction must be one of {EXTRACTIONS}, got "
+                       f"{self.answer_extraction!r}")
     if self.num_train < 1 or self.num_validation < 0:
       raise ValueError(f"env.math.num_train must be >= 1 and num_validation >= 0, got "
                        f"{self.num_train}, {self.num_validation}")
@@ -61,7 +75,8 @@ class MathConfig:
     return cls(seed=int(m.seed), ops=tuple(m.ops), min_operand=int(m.min_operand),
                max_operand=int(m.max_operand), num_train=int(m.num_train),
                num_validation=int(m.num_validation), system_prompt=str(m.system_prompt),
-               gold_format=str(m.get("gold_format", "answer")))
+               gold_format=str(m.get("gold_format", "answer")), instruction=str(m.get("instruction", "")),
+               answer_extraction=str(m.get("answer_extraction", "last_integer")))
 
 
 def make_task(a: int, op: str, b: int) -> dict[str, Any]:
@@ -88,9 +103,9 @@ def make_dataset(cfg: MathConfig) -> tuple[list[dict], list[dict]]:
   return tasks[:cfg.num_train], tasks[cfg.num_train:]
 
 
-def parse_answer(completion: str) -> int | None:
-  """The last integer in the completion, or None when there is none."""
-  found = _INT.findall(completion)
+def parse_answer(completion: str, extraction: str = "last_integer") -> int | None:
+  """The completion's final answer (see the module docstring), or None when there is none."""
+  found = (_INT if extraction == "last_integer" else _TAGGED).findall(completion)
   return int(found[-1]) if found else None
 
 
@@ -105,17 +120,21 @@ class MathEnv(Environment):
     if "question" not in task:
       raise KeyError(f"math task {task.get('instance_id', task)!r} has no 'question'")
     messages = [{"role": "system", "content": self.cfg.system_prompt}] if self.cfg.system_prompt else []
-    return messages + [{"role": "user", "content": task["question"]}]
+    content = f"{task['question']} {self.cfg.instruction}" if self.cfg.instruction else task["question"]
+    return messages + [{"role": "user", "content": content}]
 
   def gold_completion(self, task: Mapping[str, Any]) -> str:
     if self.cfg.gold_format == "equation":
-      return f"{task['equation']} = {task['answer']}"
-    return str(task["answer"])
+      gold = f"{task['equation']} = {task['answer']}"
+    else:
+      gold = str(task["answer"])
+    return f"Answer: {gold}" if self.cfg.answer_extraction == "answer_tag" else gold
 
   async def score(self, task: Mapping[str, Any], completion: str) -> Reward:
-    got = parse_answer(completion)
+    got = parse_answer(completion, self.cfg.answer_extraction)
     if got is None:
-      return Reward(0.0, info=dict(reason="no integer in the completion"),
+      what = "no integer" if self.cfg.answer_extraction == "last_integer" else "no 'Answer: <integer>'"
+      return Reward(0.0, info=dict(reason=f"{what} in the completion"),
                     components=dict(correct=0.0, format=0.0), malformed=True)
     correct = float(got == int(task["answer"]))
     return Reward(correct, info=dict(parsed=got, answer=int(task["answer"])),

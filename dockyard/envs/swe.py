@@ -129,9 +129,13 @@ class SweEnv(Environment):
     `index` line, `gold_context` lines of context), in the answer format the prompt asks for."""
     return f"```diff\n{patch_extract.compact_patch(task['patch'], self.gold_context)}```"
 
+  def is_success(self, reward: Reward) -> bool:
+    """Resolved (and not zeroed by an integrity finding), whatever env.code.reward trains on."""
+    return bool(reward.info.get("resolved")) and reward.value > 0
+
   def validation_metrics(self, rewards) -> dict[str, float]:
     n = max(len(rewards), 1)
-    return {"resolve_rate": sum(bool(r.info.get("resolved")) and r.value > 0 for r in rewards) / n,
+    return {"resolve_rate": sum(self.is_success(r) for r in rewards) / n,
             "malformed_fraction": sum(r.malformed for r in rewards) / n,
             "pass_rate": sum(float(r.info.get("pass_rate") or 0.0) for r in rewards) / n}
 

@@ -24,6 +24,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from dockyard import estimators
 from dockyard import workdir as workdir_lib
 from dockyard.grpo import checkpoints
 from dockyard.grpo.advantages import compute_advantages
@@ -207,6 +208,19 @@ def refit(synchronizer) -> dict[str, float]:
   return out
 
 
+def success_of(env) -> Callable[[Any], bool]:
+  """The env's "this completion solves the task" test (reward >= 1 for envs without one)."""
+  return getattr(env, "is_success", None) or (lambda r: r.value >= 1.0)
+
+
+def pass_at_1_metrics(env, rewards: Sequence[Any]) -> dict[str, float]:
+  """val/pass@1 of one sample per task (greedy at val_temperature 0) and its 95% Wilson interval."""
+  ok = success_of(env)
+  wins = sum(bool(ok(r)) for r in rewards)
+  lo, hi = estimators.wilson_interval(wins, len(rewards))
+  return {"val/pass@1": wins / max(len(rewards), 1), "val/pass@1_ci95_lo": lo, "val/pass@1_ci95_hi": hi}
+
+
 def run_validation(generator: Generator, env, tokenizer, tasks: Sequence[Mapping[str, Any]],
                    sampling: SamplingParams, loop: asyncio.AbstractEventLoop | Callable,
                    max_in_flight: int = 64, samples: list | None = None) -> dict[str, float]:
@@ -223,11 +237,12 @@ def run_validation(generator: Generator, env, tokenizer, tasks: Sequence[Mapping
   if samples is not None:
     for g, r in zip(groups, rewards):
       samples.append(dict(instance_id=str(g.task.get("instance_id", "")), completion=g.texts[0],
-                          reward=float(r.value), malformed=bool(r.malformed),
+                          reward=float(r.value), success=bool(success_of(env)(r)), malformed=bool(r.malformed),
                           reason=str(r.info.get("reason", ""))))
   out = {"val/reward_mean": float(np.mean([r.value for r in rewards])),
          "val/malformed_fraction": float(np.mean([r.malformed for r in rewards])),
          "val/completion_len_mean": float(np.mean([len(g.completions[0].token_ids) for g in groups]))}
+  out.update(pass_at_1_metrics(env, rewards))
   if hasattr(env, "validation_metrics"):
     out.update({f"val/{k}": float(v) for k, v in env.validation_metrics(rewards).items()})
   return out

@@ -67,3 +67,32 @@ def test_bad_config_is_named():
     MathConfig(gold_format="prose")
   with pytest.raises(ValueError, match="min_operand"):
     MathConfig(min_operand=5, max_operand=1)
+  with pytest.raises(ValueError, match="env.math.answer_extraction"):
+    MathConfig(answer_extraction="first_integer")
+
+
+def test_instruction_joins_the_question_in_the_user_turn():
+  env = MathEnv(MathConfig(num_train=3, num_validation=0, instruction="Answer with the number only."))
+  task = env.train[0]
+  assert env.prompt_messages(task) == [{"role": "user", "content": f"{task['question']} Answer with the number only."}]
+
+
+def test_one_final_answer_is_read_so_listing_candidates_does_not_pay():
+  env = MathEnv(MathConfig(num_train=3, num_validation=0))
+  task = dict(env.train[0], answer=42)
+
+  def score(text, e=env):
+    return asyncio.run(e.score(task, text))
+  assert score("17 + 25 = 42.").value == 1.0 and env.is_success(score("17 + 25 = 42."))
+  # The right number among others but not last: wrong. Every candidate listed: only the last counts.
+  assert score("42? No: 17 + 25 = 41").value == 0.0
+  assert score(" ".join(str(i) for i in range(200))).value == 0.0
+  assert score(" ".join(str(i) for i in range(200)) + " 42").value == 1.0   # a single final 42
+  tagged = MathEnv(MathConfig(num_train=3, num_validation=0, answer_extraction="answer_tag"))
+  assert parse_answer("17 + 25 = 42", "answer_tag") is None
+  assert parse_answer("Answer: 41. Oops, answer: -42 (17 + 25)", "answer_tag") == -42
+  assert score("17 + 25 = 42", tagged).malformed and score("17 + 25 = 42", tagged).value == 0.0
+  assert score("17 + 25 = 41\nAnswer: 42", tagged).value == 1.0
+  gold = tagged.gold_completion(task)
+  assert gold == "Answer: 42" and score(gold, tagged).value == 1.0
+  assert not env.is_success(score("no idea"))

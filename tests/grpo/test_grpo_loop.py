@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from dockyard import validate
+from dockyard import estimators, validate
 from dockyard.envs.base import Reward
 from dockyard.envs.math import MathConfig, MathEnv
 from dockyard.grpo import checkpoints, loss_jax, sync_loop
@@ -227,7 +227,13 @@ def test_grpo_train_learns_logs_checkpoints_and_resumes(tokenizer, tmp_path):
   assert [r["step"] for r in samples] == [s for s in (0, 4, 8, 12) for _ in range(8)]
   by_step = {s: np.mean([r["reward"] for r in samples if r["step"] == s]) for s in (0, 4, 8, 12)}
   assert by_step == pytest.approx({r["step"]: r["val/reward_mean"] for r in rows if "val/reward_mean" in r})
-  assert {"instance_id", "completion", "reward", "malformed", "reason"} <= set(samples[0])
+  assert {"instance_id", "completion", "reward", "success", "malformed", "reason"} <= set(samples[0])
+  # val/pass@1: the share of successes among the 8 greedy samples, inside its Wilson interval.
+  for r in (r for r in rows if "val/reward_mean" in r):
+    wins = sum(s["success"] for s in samples if s["step"] == r["step"])
+    assert r["val/pass@1"] == pytest.approx(wins / 8) == pytest.approx(r["val/reward_mean"])
+    assert (r["val/pass@1_ci95_lo"], r["val/pass@1_ci95_hi"]) == pytest.approx(estimators.wilson_interval(wins, 8))
+    assert r["val/pass@1_ci95_lo"] <= r["val/pass@1"] <= r["val/pass@1_ci95_hi"]
   # refit after every step, in order, and generation only ever saw fresh weights
   assert sync.calls == ["mark_stale", "sync_weights", "prepare_for_generation"] * 12
   assert gen.weight_version == policy.step == 12 == steps[-1]["weight_version"]
