@@ -83,6 +83,19 @@ def to_vllm_sampling(sampling: SamplingParams, n: int, seed: int | None = None):
   )
 
 
+def per_prompt_seed(params, index: int):
+  """`params` for prompt `index` of a request: a seeded request gives each prompt its own seed.
+
+  vLLM applies a request's seed to every prompt in it, so with one shared seed sample i of every
+  prompt would draw from the same random stream (correlated groups; identical completions for
+  equal prompts). The seed of prompt i is derived from (seed, i), so a request stays reproducible."""
+  if params.seed is None:
+    return params
+  derived = params.clone()
+  derived.seed = int(np.random.SeedSequence([int(params.seed), index]).generate_state(1)[0] % (2 ** 31))
+  return derived
+
+
 def check_prompts(prompt_ids: Sequence[Sequence[int]], vocab_size: int) -> list[list[int]]:
   """Validates token-id prompts; errors name the prompt and the problem."""
   if isinstance(prompt_ids, (str, bytes)) or not len(prompt_ids):
@@ -146,7 +159,7 @@ class VLLMEngine(Generator):
     all of them); per request, per prompt, its n completions."""
     checked = [self.check_request(*r) for r in requests]
     prompts = [{"prompt_token_ids": p} for ps, _ in checked for p in ps]
-    params = [vp for ps, vp in checked for _ in ps]
+    params = [per_prompt_seed(vp, i) for ps, vp in checked for i in range(len(ps))]
     with self._lock:
       version = self._version
       outputs = self.llm.generate(prompts, params, use_tqdm=False)

@@ -79,3 +79,16 @@ def test_seeded_sampling_of_many_long_prompts(engine):
   assert all(len(c.token_ids) == len(c.logprobs) > 0 for group in out for c in group)
   again = engine.generate(prompts[:1], n=2, sampling=SamplingParams(temperature=1.0, max_tokens=16, seed=7))
   assert again[0][0].token_ids == out[0][0].token_ids   # the seed makes the samples reproducible
+
+
+@pytest.mark.slow
+def test_a_seeded_request_gives_each_prompt_its_own_stream(engine):
+  """Regression: one request seed was applied to every prompt, so equal prompts got equal samples
+  (and sample i of every prompt shared a random stream)."""
+  prompt = [5 + j % 50 for j in range(20)]
+  sampling = SamplingParams(temperature=1.0, max_tokens=16, seed=11)
+  out = engine.generate([prompt] * 4, n=2, sampling=sampling)
+  firsts = {tuple(group[0].token_ids) for group in out}
+  assert len(firsts) > 1, "every copy of the prompt drew the same sample"
+  again = engine.generate([prompt] * 4, n=2, sampling=sampling)
+  assert [[c.token_ids for c in g] for g in again] == [[c.token_ids for c in g] for g in out]
