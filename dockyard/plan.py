@@ -26,6 +26,7 @@ class RunPlan:
   variant: str
   mode: str
   loop: str
+  env: str
   policy: str
   backend: str
   mesh_axes: tuple
@@ -46,8 +47,9 @@ class RunPlan:
     ]
     for f in self.fleets:
       lines.append(f"  fleet    {f.name:<9} x{f.count:<3} {json.dumps(f.resources)} placement={f.placement} on {f.nodes}")
-    lines.append(f"  sandbox  {', '.join(self.sandbox_urls) or 'local executor fleet on 127.0.0.1'}")
-    lines.append(f"  data     " + "  ".join(f"{k}={v}" for k, v in self.data.items()))
+    if self.env == "swe":  # only the SWE env grades in a sandbox
+      lines.append(f"  sandbox  {', '.join(self.sandbox_urls) or 'local executor fleet on 127.0.0.1'}")
+    lines.append(f"  data     env={self.env}  " + "  ".join(f"{k}={v}" for k, v in self.data.items()))
     return "\n".join(lines)
 
 
@@ -82,9 +84,13 @@ def make_plan(config: ml_collections.ConfigDict) -> RunPlan:
     from dockyard.models import packaged
     # Raises, naming the pip command, when the package is missing (a plan is made before any load).
     policy = packaged.describe(policy)
+  if config.env.name == "swe":
+    data = {"train": config.data.train, "validation": config.data.validation, "test": config.data.test}
+  else:  # math: questions generated in process (dockyard.envs.math); the data.* paths are unused
+    m = config.env.math
+    data = {"train": f"{m.num_train} generated ({' '.join(m.ops)}, operands {m.min_operand}-"
+                     f"{m.max_operand}, seed {m.seed})", "validation": f"{m.num_validation} held out"}
   return RunPlan(
-      variant=config.run.variant, mode=config.run.mode, loop=loop, policy=policy,
+      variant=config.run.variant, mode=config.run.mode, loop=loop, env=config.env.name, policy=policy,
       backend=config.policy.backend, mesh_axes=tuple(config.mesh.axes), mesh_shape=mesh_shape,
-      fleets=fleets, sandbox_urls=sandbox_urls,
-      data={"train": config.data.train, "validation": config.data.validation, "test": config.data.test},
-      steps=config.grpo.max_num_steps)
+      fleets=fleets, sandbox_urls=sandbox_urls, data=data, steps=config.grpo.max_num_steps)

@@ -71,6 +71,16 @@ def test_full_variant_dry_run_prints_the_cluster_plan():
   assert "http://localhost:9090" in out
 
 
+def test_math_dry_run_plans_no_sandbox_and_its_own_data():
+  result = launch("--config=configs/math.py", "--config.run.dry_run=True")
+  assert result.returncode == 0, result.stderr
+  out = result.stdout
+  assert "env=math" in out and "80 generated (+, operands 0-9, seed 0)" in out, out
+  assert "sandbox" not in out and "data/swe" not in out, out
+  swe = launch("--config=configs/swe.py", "--config.run.dry_run=True")
+  assert "env=swe" in swe.stdout and "local executor fleet" in swe.stdout and "data/swe" in swe.stdout
+
+
 def test_sweep_dry_run_lists_trials():
   result = launch("--config=configs/swe.py:tiny", "--dry_run", module="launch.sweep")
   assert result.returncode == 0, result.stderr
