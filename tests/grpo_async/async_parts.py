@@ -29,6 +29,8 @@ class SlowGenerator(BigramGenerator):
     super().__init__(table, eos_id)
     self.delay, self.hang_calls, self.hang_s, self.fail_on_call = delay, set(hang_calls), hang_s, fail_on_call
     self.straddle_calls = set(straddle_calls)   # these wait for a weight update before sampling
+    self._waiting = {}       # straddle call -> the version it started on, while it waits
+    self._released = set()   # straddle calls whose weights changed and that have not returned yet
     self.calls = self.finished = 0
     self.loads_while_generating = 0   # weight loads that arrived with a call in progress
     self._count_lock, self._engine_lock = threading.Lock(), threading.Lock()
@@ -42,18 +44,36 @@ class SlowGenerator(BigramGenerator):
         raise RuntimeError("engine exploded on purpose")
       started_on = self._version
       time.sleep(self.hang_s if call in self.hang_calls else self.delay)
+      if call in self.straddle_calls:
+        with self._count_lock:
+          self._waiting[call] = started_on
       deadline = time.monotonic() + 30
       while call in self.straddle_calls and self._version == started_on and time.monotonic() < deadline:
         time.sleep(0.01)
+      if call in self.straddle_calls:
+        with self._count_lock:
+          self._released.add(call)
+          self._waiting.pop(call, None)
       with self._engine_lock:
         self.ready = True   # the fake's refit-order check is the sync loop's business
         return super().generate(prompt_ids, n, sampling)
     finally:
       with self._count_lock:
         self.finished += 1
+        self._released.discard(call)
 
   def update_weights(self, named_tensors, version):
+    # A straddle call released by an earlier update must come back (and the loop handle what it
+    # brought) before the next one: otherwise whether the run's last step counts it is a race.
+    deadline, waited = time.monotonic() + 30, False
+    while self._released and time.monotonic() < deadline:
+      waited = True
+      time.sleep(0.01)
+    if waited:
+      time.sleep(0.5)   # the loop's thread handles the returned call (microseconds of work)
     with self._count_lock:
       self.loads_while_generating += self.calls > self.finished
     with self._engine_lock:
       super().update_weights(named_tensors, version)
+    with self._count_lock:   # the calls waiting on older weights are released by this update
+      self._released.update(c for c, v in self._waiting.items() if v != self._version)
