@@ -2,7 +2,9 @@
 
 Host side of the trainer: takes NumPy `TrainBatch`es, pads them to length buckets (multiples of
 `bucket`, so the jit cache is hit step after step) and to whole micro-batches, stacks them as
-[n_micro, micro_bs, T] with the batch dimension sharded over the 'batch' rule's mesh axes, and
+[n_cap, micro_bs, T] (n_cap: the micro-batch count rounded up to a power of two, so batches of
+varying size, e.g. under dynamic sampling, share a few compiled steps; the step computes only the
+real micro-batches) with the batch dimension sharded over the 'batch' rule's mesh axes, and
 calls the jitted `train_step`. Weights leave through the refit name-map in HF layout.
 """
 from __future__ import annotations
@@ -92,7 +94,8 @@ class JaxPolicy(Policy):
     b, t = batch.input_ids.shape
     mb = self.micro_batch_size
     n = max(1, math.ceil(b / mb))
-    rows, cols = n * mb - b, self._padded_len(t) - t
+    n_cap = 1 << (n - 1).bit_length()   # padding micro-batches: never computed (train.train_step)
+    rows, cols = n_cap * mb - b, self._padded_len(t) - t
 
     def pad(x):
       x = np.asarray(x)
@@ -102,14 +105,15 @@ class JaxPolicy(Policy):
         raise ValueError(f"an extras array has batch dimension {x.shape[0]}, expected {b}")
       widths = [(0, rows)] + [(0, cols if (d == 1 and x.shape[1] == t) else 0) for d in range(1, x.ndim)]
       x = np.pad(x, widths)
-      return x.reshape((n, mb) + x.shape[1:])
+      return x.reshape((n_cap, mb) + x.shape[1:])
 
     def put(x):
       return jax.device_put(x, shd.batch_sharding(self.mesh, self.rules, x.ndim, batch_dim=1))
+    replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
     out = dict(
-        # Replicated, like the optimizer's scalars: a traced input, so a new T does not recompile.
-        temperature=jax.device_put(np.float32(batch.temperature), jax.sharding.NamedSharding(
-            self.mesh, jax.sharding.PartitionSpec())),
+        # Replicated, like the optimizer's scalars: traced inputs, so a new T or count does not recompile.
+        temperature=jax.device_put(np.float32(batch.temperature), replicated),
+        num_micro=jax.device_put(np.int32(n), replicated),
         input_ids=put(pad(batch.input_ids).astype(np.int32)),
         attention_mask=put(pad(batch.attention_mask).astype(np.int32)),
         loss_mask=put(pad(batch.loss_mask).astype(np.float32)),
@@ -124,7 +128,7 @@ class JaxPolicy(Policy):
     t = batch.input_ids.shape[1]
     outs = [train.logprob_step(self.model, stacked["input_ids"][i], stacked["attention_mask"][i],
                                stacked["temperature"])
-            for i in range(stacked["input_ids"].shape[0])]
+            for i in range(int(stacked["num_micro"]))]
     out = np.concatenate([np.asarray(jax.device_get(o)) for o in outs])[:b, :t]
     return out * np.asarray(batch.attention_mask, out.dtype)  # padding positions report 0
 

@@ -1,9 +1,11 @@
 """The optimizer and the jitted train / logprob steps (free functions, as in Flax's examples).
 
 `train_step(model, optimizer, batch, loss_fn)` splits nothing itself: `batch` arrives already
-stacked as micro-batches [n_micro, micro_bs, T] (the policy does this on the host, so each micro-
-batch keeps the batch sharding), a `lax.scan` sums loss, gradients and metrics over them per the
-LossFn contract in `dockyard/policy.py`, then one AdamW update applies. Model and optimizer are
+stacked as micro-batches [n_cap, micro_bs, T] (the policy does this on the host, so each micro-
+batch keeps the batch sharding), a `lax.fori_loop` over the first `num_micro` of them (a traced
+count: a step that keeps fewer groups, e.g. under dynamic sampling, does not recompile and computes
+nothing for the padding micro-batches) sums loss, gradients and metrics per the LossFn contract in
+`dockyard/policy.py`, then one AdamW update applies. Model and optimizer are
 donated: their old buffers are reused for the new state.
 """
 from __future__ import annotations
@@ -113,7 +115,9 @@ def train_step(model: Decoder, optimizer: nnx.Optimizer, batch: Mapping[str, Any
 
   batch: input_ids / attention_mask / loss_mask [n, mb, T]; extras: name -> [n, mb, ...];
   totals: {'total_tokens', 'total_sequences'} scalars added to every micro-batch's extras;
-  temperature (optional, default 1): a scalar array; the loss sees logprobs of logits / T.
+  temperature (optional, default 1): a scalar array; the loss sees logprobs of logits / T;
+  num_micro (optional, default n): an int32 scalar, how many of the n micro-batches are real (the
+  rest are padding that is never computed).
   """
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   temperature = batch.get("temperature", 1.0)
@@ -132,10 +136,12 @@ def train_step(model: Decoder, optimizer: nnx.Optimizer, batch: Mapping[str, Any
   out_shape = jax.eval_shape(grad_fn, params, first)
   zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), out_shape)
 
-  def body(acc, mb):
-    return _tree_add(acc, grad_fn(params, mb)), None
+  def body(i, acc):
+    mb = jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, i, keepdims=False), micro)
+    return _tree_add(acc, grad_fn(params, mb))
 
-  ((loss, metrics), grads), _ = jax.lax.scan(body, zeros, micro)
+  num_micro = batch.get("num_micro", batch["input_ids"].shape[0])
+  (loss, metrics), grads = jax.lax.fori_loop(0, num_micro, body, zeros)
   grad_norm = optax.global_norm(grads)
   optimizer.update(model, grads)
   return {**metrics, "loss": loss, "grad_norm": grad_norm}

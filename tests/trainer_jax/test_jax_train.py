@@ -118,6 +118,31 @@ def test_same_bucket_does_not_recompile_and_lr_follows_schedule(tiny_models, con
     policy.set_lr(-1.0)
 
 
+def test_a_varying_micro_batch_count_shares_one_compile(tiny_models, config):
+  """Dynamic sampling keeps a different number of groups each step: 5..8 rows at micro-batch 2
+  are 3 or 4 micro-batches, padded to 4 (a traced count says how many are real). One compile of
+  the step, and each step's loss is the loss of its rows (from `logprobs`, before the update)."""
+  compiles = []
+  jax.monitoring.register_event_duration_secs_listener(
+      lambda event, secs, **kw: compiles.append(event) if event == "/jax/core/compile/backend_compile_duration" else None)
+  path = tiny_models["qwen2"]
+  micro = _policy(path, config.copy_and_resolve_references(), micro_batch_size=2, warmup_steps=0)
+  vocab = micro.model.config.vocab_size
+  micro.train_step(_batch(vocab, b=8, t=40, seed=9), pg_like_loss)   # compiles n_cap=4
+  for rows in (5, 6, 7, 8):
+    full = _batch(vocab, b=8, t=40, seed=rows)
+    batch = TrainBatch(full.input_ids[:rows], full.attention_mask[:rows], full.loss_mask[:rows],
+                       {"advantages": full.extras["advantages"][:rows]})
+    a = micro.logprobs(batch)
+    before = len(compiles)
+    m = micro.train_step(batch, pg_like_loss)
+    assert len(compiles) == before, f"{rows} rows recompiled the step"
+    expected = pg_like_loss(a, batch.loss_mask.astype(np.float32),
+                            {"advantages": batch.extras["advantages"],
+                             "total_tokens": batch.loss_mask.sum(), "total_sequences": rows})[0]
+    assert abs(m["loss"] - float(expected)) <= 1e-5 * max(1.0, abs(float(expected))), (rows, m["loss"], expected)
+
+
 def test_warm_start_steps_do_not_advance_the_schedule_in_the_update(tiny_models, config):
   """A warm start under set_lr, then the schedule: its step 0 (warmup from 0) must leave the
   parameters unchanged. Before the fix the schedule read step 3 and they moved."""
