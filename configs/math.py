@@ -117,7 +117,10 @@ def smollm(c):
   # Measured greedy on 100 training questions with this instruction: replies of p50 12 / p90 16 /
   # max 27 tokens; 48 leaves room for the longer sampled (T=1) replies.
   c.rollout.max_new_tokens = 48
-  c.rollout.temperature = 1.0
+  # Sampling at T=0.5 (measured on 100 training questions, 8 samples each: T=1.0 right on 1.0% of
+  # samples, 7% of groups mixed; T=0.7 4.0%, 18%; T=0.5 6.1%, 25%; T=0.3 9.2%, 17%): the most
+  # groups with a learning signal. The trainer trains softmax(logits / T), the distribution sampled.
+  c.rollout.temperature = 0.5
   c.rollout.val_temperature = 0.0
   c.rollout.cpu_kvcache_space_gib = 1   # 46 KB of KV a token: 1 GiB holds ~23k tokens (~90 full-length sequences at once)
   c.env.math.update(
@@ -130,10 +133,14 @@ def smollm(c):
   c.grpo.sft_warmup.steps = 0
   c.grpo.max_val_samples = 200           # the whole held-out split, greedy
   c.grpo.val_period = 10
-  c.grpo.max_num_steps = 100
-  c.grpo.num_prompts_per_step = 8
+  # 40 steps of ~2 min on 2 cores: one run fits the 90 minutes issue 13 allows.
+  c.grpo.max_num_steps = 40
+  # 32 questions x 8 samples; only the ~25% of groups with both right and wrong samples carry a
+  # gradient (no KL term), so dynamic sampling trains those alone (~8 groups, a quarter of the cost).
+  c.grpo.num_prompts_per_step = 32
   c.grpo.num_generations_per_prompt = 8
-  c.optim.lr = 2e-6
+  c.grpo.dynamic_sampling = True
+  c.optim.lr = 1e-5
   c.optim.micro_batch_size = 8
   c.optim.end_lr_factor = 1.0
   c.loss_fn.reference_policy_kl_penalty = 0.0   # no reference forward on 2 cores
