@@ -45,6 +45,8 @@ APPLY_CASCADE = (
                       "--no-backup-if-mismatch", "-i"]),
 )
 _MAX_REPORT_BYTES = 32 << 20
+_MAX_ASK_BYTES = 4 << 20
+_MAX_ASKS = 1_000_000
 
 
 @dataclasses.dataclass
@@ -177,13 +179,15 @@ class Executor:
                  os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     with os.fdopen(fd, "w") as f:
       f.write(f"def test_{canary_tag}():\n  assert False, 'must fail'\n")
+    tail = "_" + secrets.token_hex(6)   # the poison call both originals and twins end with
     with _Timer(v.timings, "twins"):
-      twin_list = self._twins(view, task)
+      twin_list = self._twins(view, task, tail)
     before = await asyncio.to_thread(view.snapshot_upper)
 
     with _Timer(v.timings, "tests"):
-      exit_code, timed_out, report, output = await self._pytest(
-          view, task, canary_file, lower, [t.name for t in twin_list])
+      exit_code, timed_out, report, output, oracle_findings = await self._pytest(
+          view, task, canary_file, lower, [t.name for t in twin_list], tail)
+    v.findings += oracle_findings
     events = grading.parse_events(report)
     found, tamper = grading.statuses(events)
     v.findings += tamper
@@ -209,14 +213,16 @@ class Executor:
       bad = [t for t, s in v.tests_status.items() if s not in grading.PASSING]
       v.reason = f"{len(bad)} of {len(v.tests_status)} tests not passing (exit code {exit_code})"
 
-  def _twins(self, view: View, task: Task) -> list[twins.Twin]:
-    """Writes poisoned twins of some FAIL_TO_PASS tests into their (held-out) files."""
+  def _twins(self, view: View, task: Task, tail: str) -> list[twins.Twin]:
+    """Writes poisoned twins of some FAIL_TO_PASS tests into their (held-out) files; they and
+    their originals end with a call to `tail`."""
     sources = {}
     for path in dict.fromkeys(t.split("::", 1)[0] for t in task.fail_to_pass):
       text = _read(view.host_path("work", path))
       if text is not None and len(text) < (2 << 20):
         sources[path] = text
-    new_texts, twin_list = twins.add_twins(sources, task.fail_to_pass, limit=self.max_twins)
+    new_texts, twin_list = twins.add_twins(sources, task.fail_to_pass, tail=tail,
+                                           limit=self.max_twins)
     for path, text in new_texts.items():
       fd = os.open(view.host_path("work", path), os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
       with os.fdopen(fd, "w") as f:
@@ -239,13 +245,18 @@ class Executor:
     res = await view.exec(["sh", "-c", script, "restore", *added], env=_GIT_ENV, timeout_s=60)
     if res.exit_code != 0:
       return f"restoring held-out tests / applying test_patch failed: {res.output.text()[-1500:]}"
+    if task.test_patch.strip():  # the tests must not read which functions the test_patch adds
+      os.remove(view.host_path("in", "test.diff"))
     return ""
 
   async def _pytest(self, view: View, task: Task, canary_file: str, lower: str,
-                    twin_names: list[str]):
+                    twin_names: list[str], tail: str):
     paths = [f"{WORKDIR}/src", WORKDIR] if os.path.isdir(os.path.join(lower, "src")) else [WORKDIR]
     read_fd, write_fd = os.pipe()
-    config = {"report_fd": write_fd, "twins": twin_names, "paths": paths,
+    ask_r, ask_w = os.pipe()          # the plugin asks about an item whose body passed ...
+    answer_r, answer_w = os.pipe()    # ... and learns here, only then, whether it is a twin
+    config = {"report_fd": write_fd, "ask_fd": ask_w, "answer_fd": answer_r, "tail": tail,
+              "paths": paths,
               "plugin_name": "_" + secrets.token_hex(8),
               "args": ["-p", "no:cacheprovider", f"--rootdir={WORKDIR}", "-q", "--tb=short",
                        "--color=no",
@@ -260,13 +271,57 @@ class Executor:
     argv = [sys.executable, "-P", "-s", "-B", f"{PLUGIN_MOUNT}/{LAUNCHER}", str(config_fd)]
     ro = [canary_file] + [p for p in task.test_files if os.path.lexists(view.host_path("work", p))]
     report_task = asyncio.ensure_future(_read_fd(read_fd))
+    oracle_task = asyncio.ensure_future(_answer_twins(ask_r, answer_w, frozenset(twin_names)))
     try:
-      res = await view.exec(argv, env=env, ro_files=ro, pass_fds=[write_fd, config_fd])
+      # .git is masked: the history would tell a twin from a test that existed at base_commit.
+      res = await view.exec(argv, env=env, ro_files=ro, masks=[".git"],
+                            pass_fds=[write_fd, config_fd, ask_w, answer_r])
     finally:
-      os.close(write_fd)
-      os.close(config_fd)
+      for fd in (write_fd, config_fd, ask_w, answer_r):
+        os.close(fd)
     report = await report_task
-    return res.exit_code, res.timed_out, report, res.output
+    oracle_findings = await oracle_task
+    return res.exit_code, res.timed_out, report, res.output, oracle_findings
+
+
+async def _answer_twins(ask_fd: int, answer_fd: int, names: frozenset[str]) -> list[str]:
+  """The twin oracle: one JSON line {"nodeid", "name"} in per item whose body passed, one byte
+  out ("1": poison it). Each node id is asked once; a second ask, or a line that is not an ask,
+  was written by the code under test: a finding, and from then on every answer is "1"."""
+  loop = asyncio.get_running_loop()
+  reader = asyncio.StreamReader(limit=_MAX_ASK_BYTES)
+  transport, _ = await loop.connect_read_pipe(
+      lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(ask_fd, "rb", buffering=0))
+  os.set_blocking(answer_fd, False)
+  seen: set[str] = set()
+  findings: list[str] = []
+  try:
+    while len(seen) < _MAX_ASKS:
+      try:
+        line = await reader.readline()
+      except ValueError:
+        findings.append("oracle_misused: an ask line longer than 4 MiB")
+        break
+      if not line:
+        break
+      try:
+        ask = json.loads(line)
+        nodeid, name = str(ask["nodeid"]), str(ask["name"])
+      except (ValueError, KeyError, TypeError):
+        findings.append("oracle_misused: a line that is not an ask")
+        nodeid, name = "", ""
+      if nodeid in seen:
+        findings.append(f"oracle_misused: {nodeid or 'a malformed ask'} asked twice")
+      seen.add(nodeid)
+      try:
+        os.write(answer_fd, b"1" if findings or name in names else b"0")
+      except OSError:   # nobody reads the answers (pipe full or closed): the plugin fails closed
+        findings.append("oracle_misused: answers not read")
+        break
+  finally:
+    transport.close()
+    os.close(answer_fd)
+  return list(dict.fromkeys(findings))
 
 
 async def _read_fd(fd: int) -> bytes:

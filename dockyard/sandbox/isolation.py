@@ -232,7 +232,9 @@ class View:
     return walk_tree(self.host_path("up"), max_entries)
 
   def bwrap_argv(self, argv: Sequence[str], env: dict[str, str], ro_files: Sequence[str] = (),
-                 cwd: str = WORKDIR, info_fd: int | None = None) -> list[str]:
+                 cwd: str = WORKDIR, info_fd: int | None = None,
+                 masks: Sequence[str] = ()) -> list[str]:
+    """`masks`: directories under WORKDIR hidden behind an empty read-only tmpfs."""
     lim = self.limits
     m = MOUNT_POINT
     args = ["setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups", "--",
@@ -245,6 +247,8 @@ class View:
       args += ["--ro-bind", f"{m}/b/{i}", path]
     for rel in ro_files:
       args += ["--ro-bind", f"{m}/work/{rel}", f"{WORKDIR}/{rel}"]
+    for rel in masks:
+      args += ["--size", "4096", "--tmpfs", f"{WORKDIR}/{rel}", "--remount-ro", f"{WORKDIR}/{rel}"]
     base_env = {"HOME": HOME, "TMPDIR": "/tmp", "TZ": "UTC", "PYTHONHASHSEED": "0",
                 "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
                 "PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin"}
@@ -262,14 +266,14 @@ class View:
 
   async def exec(self, argv: Sequence[str], env: dict[str, str] | None = None,
                  ro_files: Sequence[str] = (), pass_fds: Sequence[int] = (),
-                 timeout_s: float | None = None) -> RunResult:
+                 timeout_s: float | None = None, masks: Sequence[str] = ()) -> RunResult:
     """Runs argv in the sandbox over this view; kills the whole tree at the wall-clock limit.
 
     bwrap's --info-fd tells us the host pid of the sandbox's pid 1; it is killed (which empties
     the pid namespace) and waited for, so nothing of the run is alive when this returns.
     """
     info_r, info_w = os.pipe()
-    full = self.bwrap_argv(argv, env or {}, ro_files, info_fd=info_w)
+    full = self.bwrap_argv(argv, env or {}, ro_files, info_fd=info_w, masks=masks)
     # bwrap reads its options (binds with host paths, env) from a pipe it consumes, so the
     # sandbox's /proc/1/cmdline shows `bwrap --args N prlimit ... <command>`, no host paths.
     at, end = full.index("bwrap") + 1, full.index("prlimit")
@@ -300,6 +304,7 @@ class View:
       child = _child_pid(await asyncio.wait_for(info, 5))
       if child:
         await _kill_and_wait(child)
+        _remember_if_alive(child)
     try:
       output = await asyncio.wait_for(drain, 10)
     except asyncio.TimeoutError:
@@ -404,19 +409,61 @@ async def _kill_and_wait(pid: int, timeout_s: float = 5.0) -> None:
     await asyncio.sleep(0.01)
 
 
+# Sandboxes of this process whose pid 1 was still alive after the kill: (host pid, start time).
+# Only these can hold leftover processes (when a pid namespace's pid 1 dies, the kernel kills
+# everything in it), so only these are looked at; another executor's sandboxes never are.
+_SURVIVORS: set[tuple[int, str]] = set()
+
+
+def _start_time(pid: int) -> str | None:
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      fields = f.read().rsplit(")", 1)[1].split()
+  except (OSError, IndexError):
+    return None
+  return None if fields[0] == "Z" else fields[19]   # field 22 of stat: start time
+
+
+def _remember_if_alive(pid: int) -> None:
+  start = _start_time(pid)
+  if start is not None:
+    _SURVIVORS.add((pid, start))
+
+
 def live_sandbox_processes() -> list[str]:
-  """Live processes of the sandbox uid ("pid name"); none may outlive a run. Zombies are dead
-  and skipped: bwrap's pid 1 exits just after the outer bwrap, and host init reaps it later."""
-  out = []
-  for pid in os.listdir("/proc"):
-    if not pid.isdigit():
+  """This process's sandbox processes still alive ("pid name"); none may outlive a run.
+
+  A sandbox is tracked by its pid 1 (bwrap's init, whose host pid --info-fd reports): every
+  process in the sandbox is that pid 1 or a descendant of it (orphans are reparented to it), and
+  when it dies the kernel kills the rest. So the processes counted are the pid 1s of this
+  process's runs that survived their kill, and their live descendants; zombies are dead and
+  skipped. Concurrent sandboxes of other executors on the machine are never counted.
+  """
+  roots = set()
+  for pid, start in list(_SURVIVORS):
+    if _start_time(pid) == start:
+      roots.add(pid)
+    else:
+      _SURVIVORS.discard((pid, start))   # dead (or the pid was reused)
+  if not roots:
+    return []
+  children: dict[int, list[int]] = {}
+  names: dict[int, str] = {}
+  for entry in os.listdir("/proc"):
+    if not entry.isdigit():
       continue
     try:
-      with open(f"/proc/{pid}/status") as f:
+      with open(f"/proc/{entry}/status") as f:
         fields = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
     except OSError:
       continue
-    if fields.get("Uid", "").split()[:1] == [str(SANDBOX_UID)] and (
-        fields.get("State", "").split()[:1] != ["Z"]):
-      out.append(f"{pid} {fields.get('Name', '').strip()}")
-  return out
+    if fields.get("State", "").split()[:1] == ["Z"]:
+      continue
+    names[int(entry)] = fields.get("Name", "").strip()
+    children.setdefault(int(fields.get("PPid", "0").strip() or 0), []).append(int(entry))
+  out, stack = [], [r for r in roots if r in names]
+  while stack:
+    pid = stack.pop()
+    out.append(f"{pid} {names[pid]}")
+    stack += [c for c in children.get(pid, []) if c in names]
+  return sorted(out)

@@ -255,7 +255,7 @@ def test_twins_copy_f2p_tests_under_plausible_random_names():
       """)
   ids = ["t.py::test_parse_value[1]", "t.py::test_parse_value[2]",
          "t.py::TestOrder::test_items_sorted", "t.py::Case::testRange"]
-  out, made = twins.add_twins({"t.py": src}, ids, random.Random(0), limit=3)
+  out, made = twins.add_twins({"t.py": src}, ids, random.Random(0), limit=3, tail="_tl")
   assert len({t.name for t in made}) == 3 and len(made) == 4
   new = out["t.py"]
   compile(new, "t.py", "exec")
@@ -264,6 +264,32 @@ def test_twins_copy_f2p_tests_under_plausible_random_names():
     assert "dockyard" not in t.name and "canary" not in t.name
     path, *_ = t.twin.split("::")
     assert path == "t.py" and t.twin.rsplit("::", 1)[0] == t.original.rsplit("::", 1)[0]
-  # The same body, decorators included; nothing in the source tells twin from original.
+  # The same body, decorators included, the same poison call last in both; nothing in the
+  # source tells twin from original but the name.
   assert new.count('@pytest.mark.parametrize("x", [1, 2])') == 2
-  assert new.count("assert x\n") == 2
+  assert new.count("  assert x\n  _tl()\n") == 2
+  assert new.count("    self.assertTrue(True)\n    _tl()\n") == 2
+  assert new.count("_tl()") == 6
+
+
+def test_twins_skip_functions_whose_tail_might_not_run():
+  import random
+  from dockyard.sandbox import twins
+  src = textwrap.dedent("""\
+      def test_early(x=1):
+        if x:
+          return
+        assert x
+
+      def test_one_line(): assert True
+
+      def test_nested_return_is_fine():
+        def helper():
+          return 1
+        assert helper()
+      """)
+  ids = ["t.py::test_early", "t.py::test_one_line", "t.py::test_nested_return_is_fine"]
+  out, made = twins.add_twins({"t.py": src}, ids, random.Random(1), limit=3, tail="_tl")
+  assert [t.original for t in made] == ["t.py::test_nested_return_is_fine"]
+  assert out["t.py"].count("_tl()") == 2 and "return\n  _tl" not in out["t.py"]
+  compile(out["t.py"], "t.py", "exec")
