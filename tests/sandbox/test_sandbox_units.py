@@ -293,3 +293,48 @@ def test_twins_skip_functions_whose_tail_might_not_run():
   assert [t.original for t in made] == ["t.py::test_nested_return_is_fine"]
   assert out["t.py"].count("_tl()") == 2 and "return\n  _tl" not in out["t.py"]
   compile(out["t.py"], "t.py", "exec")
+
+
+def test_live_sandbox_processes_counts_only_this_process_survivors():
+  import time
+  from dockyard.sandbox import isolation
+  drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"]
+  # Another executor's sandbox: a uid-65534 process this process never ran as a sandbox.
+  foreign = subprocess.Popen([*drop, "sleep", "30"])
+  # A sandbox pid 1 of ours that survived its kill, with a child.
+  ours = subprocess.Popen([*drop, "sh", "-c", "sleep 30 & wait"])
+  child = None
+  try:
+    deadline = time.monotonic() + 10
+    while child is None and time.monotonic() < deadline:
+      child = next((int(p) for p in os.listdir("/proc") if p.isdigit() and _ppid(p) == ours.pid
+                    and _comm(p) == "sleep"), None)
+      time.sleep(0.02)
+    assert child is not None
+    assert isolation.live_sandbox_processes() == []
+    isolation._remember_if_alive(ours.pid)
+    found = isolation.live_sandbox_processes()
+    assert sorted(found) == sorted([f"{ours.pid} sh", f"{child} sleep"]), found
+  finally:
+    for proc in (foreign, ours):
+      proc.kill()
+      proc.wait()
+    if child is not None:
+      os.kill(child, 9)
+  assert isolation.live_sandbox_processes() == []
+
+
+def _ppid(pid):
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return int(f.read().rsplit(")", 1)[1].split()[1])
+  except (OSError, ValueError, IndexError):
+    return None
+
+
+def _comm(pid):
+  try:
+    with open(f"/proc/{pid}/comm") as f:
+      return f.read().strip()
+  except OSError:
+    return None
