@@ -46,6 +46,7 @@ APPLY_CASCADE = (
 )
 _MAX_REPORT_BYTES = 32 << 20
 _MAX_ASK_BYTES = 4 << 20
+_APPLY_FAILED = 97                       # exit status of the combined run: the patch did not apply
 _MAX_ASKS = 1_000_000
 
 
@@ -96,6 +97,7 @@ class Executor:
     self.limits = limits or Limits()
     self._sem = asyncio.Semaphore(self.slots)
     self.running = 0
+    self._spares: dict[str, asyncio.Future[View]] = {}   # lower tree -> a view being started
 
   async def run(self, task: dict) -> dict:
     """Grades one task (raises TaskError on a malformed one); returns the verdict dict."""
@@ -126,25 +128,85 @@ class Executor:
       try:
         with _Timer(v.timings, "prepare"):
           lower = await self.cache.tree(task.repo, task.base_commit)
-        async with View(lower, self.limits, binds=[(PLUGIN_DIR, PLUGIN_MOUNT)]) as view:
+          view = await self._take_view(lower)
+        async with view:
           await self._in_view(task, v, view, lower, test_patch_paths)
       finally:
         self.running -= 1
 
+  async def _take_view(self, lower: str) -> View:
+    """A fresh view of `lower`: the spare started for it, if any, else a new one. A spare for
+    the same tree is started while a run's tests run (`_start_spare`: pytest keeps one core
+    busy; a GRPO group grades several samples of one task in a row), at most `slots` spares in
+    all; each is a fresh view, never a used one."""
+    spare = self._spares.pop(lower, None)
+    view = None
+    if spare is not None:
+      try:
+        view = await spare
+      except Exception:   # a spare that failed to start: make one now (and fail loudly if so)
+        view = None
+      if view is not None and not view.alive():
+        await view.close()
+        view = None
+    if view is None:
+      view = await self._new_view(lower)
+    return view
+
+  def _start_spare(self, lower: str) -> None:
+    if lower in self._spares:
+      return
+    while len(self._spares) >= self.slots:
+      asyncio.ensure_future(self._close_spare(self._spares.pop(next(iter(self._spares)))))
+    self._spares[lower] = asyncio.ensure_future(self._new_view(lower))
+
+  async def _new_view(self, lower: str) -> View:
+    return await View(lower, self.limits, binds=[(PLUGIN_DIR, PLUGIN_MOUNT)]).start()
+
+  @staticmethod
+  async def _close_spare(spare: "asyncio.Future[View]") -> None:
+    try:
+      view = await spare
+    except Exception:
+      return
+    await view.close()
+
+  async def close(self) -> None:
+    """Closes the spare views (they also end with this process: each reads its stdin)."""
+    spares, self._spares = list(self._spares.values()), {}
+    for spare in spares:
+      await self._close_spare(spare)
+
   async def _in_view(self, task: Task, v: Verdict, view: View, lower: str,
                      test_patch_paths: list[str]) -> None:
     agent_paths = integrity.patch_paths(task.patch)
+    protected = list(dict.fromkeys(test_patch_paths + list(task.test_files)
+                                   + [p for p in agent_paths if integrity.is_protected(p)]))
+    restore, added = self._restore_script(view, lower, task, protected, test_patch=True)
+    restore_res = None
     with _Timer(v.timings, "apply"):
       patch_in = view.write_input("agent.diff", task.patch)
       log = []
-      for i, (name, argv) in enumerate(APPLY_CASCADE):
-        if i:
+      # The common case in one sandbox run (each costs a bwrap start): the first method applies,
+      # then the held-out files are restored and the test_patch applied.
+      name, argv = APPLY_CASCADE[0]
+      mark = f"restore-{secrets.token_hex(8)}"   # random: no patch output can forge it
+      script = (" ".join(_sh(a) for a in [*argv, patch_in]) + f" || exit {_APPLY_FAILED}\n"
+                f"echo {mark}\n" + restore)
+      res = await view.exec(["sh", "-c", script, "restore", *added], env=_GIT_ENV, timeout_s=60)
+      applied_out, marked, restore_out = res.output.text().partition(f"{mark}\n")
+      log.append(f"$ {name}\n{applied_out}")
+      if marked:
+        v.patch_applied, v.apply_method = True, name
+        restore_res = (res.exit_code, restore_out)
+      else:
+        for name, argv in APPLY_CASCADE[1:]:
           await view.reset()
-        res = await view.exec([*argv, patch_in], env=_GIT_ENV, timeout_s=60)
-        log.append(f"$ {name}\n{res.output.text()}")
-        if res.exit_code == 0:
-          v.patch_applied, v.apply_method = True, name
-          break
+          res = await view.exec([*argv, patch_in], env=_GIT_ENV, timeout_s=60)
+          log.append(f"$ {name}\n{res.output.text()}")
+          if res.exit_code == 0:
+            v.patch_applied, v.apply_method = True, name
+            break
     if not v.patch_applied:
       v.reason = "patch does not apply"
       v.log_tail = "\n".join(log)[-4000:]
@@ -156,15 +218,26 @@ class Executor:
         v.findings.append(finding)
 
     with _Timer(v.timings, "restore"):
-      protected = list(dict.fromkeys(
-          test_patch_paths + list(task.test_files)
-          + [p for p in agent_paths if integrity.is_protected(p)]
-          + [f.split(": ", 1)[1].split(" (")[0] for f in v.findings
-             if f.startswith("touches_pytest_config")]))
-      reason = await self._restore(view, lower, task, protected)
-    if reason:
-      v.reason = reason
+      if restore_res is None:
+        res = await view.exec(["sh", "-c", restore, "restore", *added], env=_GIT_ENV, timeout_s=60)
+        restore_res = (res.exit_code, res.output.text())
+      if restore_res[0] == 0:
+        # pytest config the agent changed (a finding, reward 0) is put back too, so the
+        # statuses stay those of the held-out configuration.
+        late = [f.split(": ", 1)[1].split(" (")[0] for f in v.findings
+                if f.startswith("touches_pytest_config")]
+        late = [p for p in dict.fromkeys(late) if p not in protected]
+        if late:
+          script, late_added = self._restore_script(view, lower, task, late, test_patch=False)
+          res = await view.exec(["sh", "-c", script, "restore", *late_added], env=_GIT_ENV,
+                                timeout_s=60)
+          restore_res = (res.exit_code, res.output.text())
+    if restore_res[0] != 0:
+      v.reason = ("restoring held-out tests / applying test_patch failed: "
+                  f"{restore_res[1][-1500:]}")
       return
+    if task.test_patch.strip():  # the tests must not read which functions the test_patch adds
+      os.remove(view.host_path("in", "test.diff"))
 
     # The canary goes in the test files' common directory, so pytest finds the same ini file
     # (and rootdir-moving tests/pytest.ini) it would for the test files alone.
@@ -184,6 +257,7 @@ class Executor:
       twin_list = self._twins(view, task, tail)
     before = await asyncio.to_thread(view.snapshot_upper)
 
+    self._start_spare(lower)
     with _Timer(v.timings, "tests"):
       exit_code, timed_out, report, output, oracle_findings = await self._pytest(
           view, task, canary_file, lower, [t.name for t in twin_list], tail)
@@ -229,8 +303,10 @@ class Executor:
         f.write(text)
     return twin_list
 
-  async def _restore(self, view: View, lower: str, task: Task, protected: list[str]) -> str:
-    """Forces held-out files back to base_commit and applies the test_patch; '' on success."""
+  def _restore_script(self, view: View, lower: str, task: Task, protected: list[str],
+                      test_patch: bool) -> tuple[str, list[str]]:
+    """(sh script, its "$@") forcing `protected` back to base_commit (removing those base_commit
+    lacks) and, with `test_patch`, applying the test_patch."""
     at_base = [p for p in protected if os.path.isfile(os.path.join(lower, p))
                and not os.path.islink(os.path.join(lower, p))]
     added = [p for p in protected if p not in at_base]
@@ -239,15 +315,10 @@ class Executor:
       script += 'rm -rf -- "$@"\n'
     if at_base:
       script += "git checkout -q HEAD -- " + " ".join(_sh(p) for p in at_base) + "\n"
-    if task.test_patch.strip():
+    if test_patch and task.test_patch.strip():
       test_in = view.write_input("test.diff", task.test_patch)
       script += f"git apply --verbose --whitespace=nowarn {test_in}\n"
-    res = await view.exec(["sh", "-c", script, "restore", *added], env=_GIT_ENV, timeout_s=60)
-    if res.exit_code != 0:
-      return f"restoring held-out tests / applying test_patch failed: {res.output.text()[-1500:]}"
-    if task.test_patch.strip():  # the tests must not read which functions the test_patch adds
-      os.remove(view.host_path("in", "test.diff"))
-    return ""
+    return script, added
 
   async def _pytest(self, view: View, task: Task, canary_file: str, lower: str,
                     twin_names: list[str], tail: str):

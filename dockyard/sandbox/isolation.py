@@ -5,8 +5,8 @@ A `View` is one task's workspace. A small root "holder" process lives in its own
 and an overlayfs on it: the cached tree is the read-only lower layer, the tmpfs holds the upper
 layer, so a run sees a private writable copy and the cache is never written (no hardlinks). Host
 paths the sandbox needs but the sandbox user may not traverse (the Python under /root) are bound
-into the tmpfs by root. Every command then enters that namespace (`nsenter`), drops to an
-unprivileged uid (`setpriv`), and runs under `bwrap --unshare-all` (new user, pid, net, ipc, uts
+into the tmpfs by root. Every command then enters that namespace and drops to an unprivileged
+uid and no supplementary groups in one step (`nsenter --setuid --setgid`), and runs under `bwrap --unshare-all` (new user, pid, net, ipc, uts
 namespaces: no network; read-only system; tmpfs /tmp and $HOME; only /testbed writable), with
 rlimits set by `prlimit`. RLIMIT_NPROC bites because the outer uid is not root. When the holder
 exits, its namespace and every mount in it disappear; killing bwrap kills the sandbox's pid 1,
@@ -135,7 +135,7 @@ def check_host() -> None:
   if os.geteuid() != 0:
     raise RuntimeError("the sandbox executor must run as root: it mounts a tmpfs and an overlayfs "
                        "in a private mount namespace and drops to uid 65534 for each run")
-  for tool in ("bwrap", "unshare", "nsenter", "setpriv", "prlimit", "git", "patch"):
+  for tool in ("bwrap", "unshare", "nsenter", "prlimit", "git", "patch"):
     if not any(os.access(os.path.join(d, tool), os.X_OK) for d in os.environ.get(
         "PATH", "/usr/bin:/bin").split(":") + ["/usr/bin"]):
       raise RuntimeError(f"the sandbox needs {tool!r} on PATH (bwrap: apt-get install bubblewrap)")
@@ -148,8 +148,11 @@ mount -t tmpfs -o size=${SIZE}m,nr_inodes=262144,mode=0755 dockyard-run "$M"
 mkdir "$M/up" "$M/wk" "$M/work" "$M/in" "$M/b"
 chown "$U:$U" "$M/up"
 mount -t overlay overlay -o "lowerdir=$LOWER,upperdir=$M/up,workdir=$M/wk" "$M/work"
+i=0; d=""
+for p in "$@"; do d="$d $M/b/$i"; i=$((i+1)); done
+[ -z "$d" ] || mkdir $d
 i=0
-for p in "$@"; do mkdir "$M/b/$i"; mount --rbind "$p" "$M/b/$i"; i=$((i+1)); done
+for p in "$@"; do mount --rbind "$p" "$M/b/$i"; i=$((i+1)); done
 echo ready
 exec cat >/dev/null
 """
@@ -176,6 +179,15 @@ class View:
     self._holder: asyncio.subprocess.Process | None = None
 
   async def __aenter__(self) -> "View":
+    if self._holder is None:
+      await self.start()
+    return self
+
+  def alive(self) -> bool:
+    return self._holder is not None and self._holder.returncode is None
+
+  async def start(self) -> "View":
+    """Sets the view up (`async with` does it too, unless it was started already)."""
     os.makedirs(MOUNT_POINT, exist_ok=True)
     os.chmod(MOUNT_POINT, 0o755)
     self._holder = await asyncio.create_subprocess_exec(
@@ -237,8 +249,7 @@ class View:
     """`masks`: directories under WORKDIR hidden behind an empty read-only tmpfs."""
     lim = self.limits
     m = MOUNT_POINT
-    args = ["setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups", "--",
-            "bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
+    args = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
             *_system_binds(), "--proc", "/proc", "--dev", "/dev",
             "--size", str(lim.disk_mb << 20), "--tmpfs", "/tmp",
             "--size", str(64 << 20), "--tmpfs", HOME,
@@ -278,7 +289,10 @@ class View:
     # sandbox's /proc/1/cmdline shows `bwrap --args N prlimit ... <command>`, no host paths.
     at, end = full.index("bwrap") + 1, full.index("prlimit")
     args_r = pipe_with(b"".join(a.encode() + b"\0" for a in full[at:end]))
-    cmd = self._nsenter() + full[:at] + ["--args", str(args_r)] + full[end:]
+    # nsenter enters the view's mount namespace and, as it goes, drops to the sandbox uid and gid
+    # with no supplementary groups (one exec fewer than a separate setpriv).
+    cmd = (["nsenter", f"--mount=/proc/{self._holder.pid}/ns/mnt", f"--setuid={SANDBOX_UID}",
+            f"--setgid={SANDBOX_UID}", "--"] + full[:at] + ["--args", str(args_r)] + full[end:])
     start = time.monotonic()
     try:
       proc = await asyncio.create_subprocess_exec(
