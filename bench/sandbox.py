@@ -99,6 +99,9 @@ def main() -> None:
       print(f"tests per run: {len(task['FAIL_TO_PASS']) + len(task['PASS_TO_PASS'])}")
       print(f"bare pytest on a ready checkout: {b:.3f} s/run (mean of {reps})")
       print(f"sandbox verdict:                 {s:.3f} s/verdict (mean of {reps})")
+      # On a machine others load, the fastest of each is the closer estimate of the idle cost.
+      print(f"fastest: bare {min(bare_s):.3f} s, verdict {min(sandbox_s):.3f} s "
+            f"(ratio {min(sandbox_s) / min(bare_s):.2f} x)")
       await ex.close()
       one, two = await throughput(1), await throughput(2)
       print(f"throughput, {batch} verdicts: 1 slot {one:.1f}/min, 2 slots {two:.1f}/min "
