@@ -338,3 +338,28 @@ def _comm(pid):
       return f.read().strip()
   except OSError:
     return None
+
+
+def test_twin_oracle_answers_each_item_once_and_flags_misuse():
+  import asyncio
+  from dockyard.sandbox.executor import _answer_twins
+
+  async def ask(lines):
+    ask_r, ask_w = os.pipe()
+    answer_r, answer_w = os.pipe()
+    oracle = asyncio.ensure_future(_answer_twins(ask_r, answer_w, frozenset({"test_twin"})))
+    os.write(ask_w, b"".join(lines))
+    os.close(ask_w)
+    findings = await oracle
+    with os.fdopen(answer_r, "rb") as f:
+      return f.read(), findings
+
+  ok = [json.dumps({"nodeid": "t.py::test_a", "name": "test_a"}).encode() + b"\n",
+        json.dumps({"nodeid": "t.py::test_twin[1]", "name": "test_twin"}).encode() + b"\n"]
+  assert asyncio.run(ask(ok)) == (b"01", [])
+  # The code under test asking ahead (a second ask of one item) or writing junk: a finding, and
+  # every answer from then on poisons.
+  answers, findings = asyncio.run(ask(ok + ok[:1] + [b"not json\n"] + ok[:1]))
+  assert answers == b"01111"
+  assert findings == ["oracle_misused: t.py::test_a asked twice",
+                      "oracle_misused: a line that is not an ask"], findings

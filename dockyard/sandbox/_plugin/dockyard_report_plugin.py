@@ -23,7 +23,7 @@ import os
 import pytest
 from _pytest.skipping import xfailed_key as _xfailed_key
 
-_state = {"fd": -1, "ask": -1, "answer": -1, "item": None}
+_state = {"fd": -1, "ask": -1, "answer": -1, "item": None, "asked": None}
 _write = os.write
 _read = os.read
 _dumps = json.dumps
@@ -54,25 +54,29 @@ def _emit(**event):
 
 
 def _poison(item):
-  """Asks the executor about the running item; any failure to get an answer poisons it (a broken
-  channel must not turn into passes)."""
+  """Asks the executor about the running item, once per item (a test that calls another twinned
+  test reaches two tails); any failure to get an answer poisons it (a broken channel must not
+  turn into passes)."""
+  if _state["asked"] is not None and _state["asked"][0] is item:
+    return _state["asked"][1]
   name = getattr(item, "originalname", None) or item.name.split("[", 1)[0]
   try:
     _write_all(_state["ask"], (_dumps({"nodeid": item.nodeid, "name": name}) + "\n").encode())
     answer = _read(_state["answer"], 1)
   except OSError:
     answer = b""
+  _state["asked"] = (item, answer != b"0")
   return answer != b"0"
 
 
 def _tail():
-  """The last statement of a twinned FAIL_TO_PASS test and of its twin."""
+  """The last statement of a twinned FAIL_TO_PASS test and of its twin (outside a test item,
+  e.g. called at import, there is nothing to poison)."""
   item = _state["item"]
-  if item is None or _poison(item):
-    if item is not None:
-      # No xfail mark may turn the poison into XFAIL: pytest's skipping plugin converts a failed
-      # call only when this holds an Xfail, and re-reads the marks only when it holds None.
-      item.stash[_xfailed_key] = False
+  if item is not None and _poison(item):
+    # No xfail mark may turn the poison into XFAIL: pytest's skipping plugin converts a failed
+    # call only when this holds an Xfail, and re-reads the marks only when it holds None.
+    item.stash[_xfailed_key] = False
     raise _Poisoned("assertion failed")
 
 
