@@ -3,10 +3,12 @@
   verdict = await Executor(repos_dir=..., slots=2).run(task)
 
 Steps: static integrity checks on the agent's patch; the cached tree for (repo, base_commit); a
-private view; the apply cascade (`git apply`, `git apply --3way`, `patch --fuzz`, the view reset
-between tries); held-out files forced back to base_commit and files the test_patch adds removed;
-the test_patch applied; a randomly named canary test and poisoned twins of some FAIL_TO_PASS
-tests added; pytest run under bubblewrap through our launcher (trusted imports before any repo
+private view (a spare one started during the previous run of the same tree, if any); the apply
+cascade (`git apply`, `git apply --3way`, `patch --fuzz`, the view reset between tries);
+held-out files forced back to base_commit and files the test_patch adds removed; the test_patch
+applied (when the first method applies, all this is one sandbox run); a randomly named canary
+test and poisoned twins of some FAIL_TO_PASS tests added (the executor answers, per item and
+only after its body ran, which items are twins); pytest run under bubblewrap through our launcher (trusted imports before any repo
 code, configuration on a pipe it consumes) with our reporting plugin writing to a pipe; what the
 run wrote checked; grading. A patch that does not apply, a missing repo or a timeout is a
 verdict with a reason, never an exception. Threat model: docs/sandbox-integrity.md.
