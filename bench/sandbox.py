@@ -5,7 +5,9 @@
 Side by side in one run, on the synthetic repo (dockyard.sandbox.synthetic, with extra tests so
 pytest has some work): (a) bare `python -m pytest` of the task's test files on a ready checkout
 (base tree + gold patch + test_patch, no isolation); (b) `Executor.run` of the same task (cache
-warm: view, apply cascade, restore, test_patch, canary, bwrap, pytest, grading); (c) verdicts/min
+warm: view, apply cascade, restore, test_patch, canary, twins, bwrap, pytest, grading; the
+executor starts a spare view for the same tree beside each run, as for a GRPO group, so from
+the second verdict on the view is ready); (c) verdicts/min
 for a batch with 1 and with 2 slots. Prints the figures, then one line
 `RESULT sandbox_overhead <ratio> x` (b / a, means over the repetitions).
 """
@@ -81,7 +83,9 @@ def main() -> None:
       verdicts = await asyncio.gather(*(ex.run(dict(task, instance_id=f"b{i}"))
                                         for i in range(batch)))
       assert all(v["resolved"] for v in verdicts)
-      return batch / (time.monotonic() - start) * 60
+      rate = batch / (time.monotonic() - start) * 60
+      await ex.close()
+      return rate
 
     async def run() -> None:
       ex = Executor(repos_dir=repos, cache_dir=os.path.join(root, "cache"), slots=1)
@@ -95,6 +99,10 @@ def main() -> None:
       print(f"tests per run: {len(task['FAIL_TO_PASS']) + len(task['PASS_TO_PASS'])}")
       print(f"bare pytest on a ready checkout: {b:.3f} s/run (mean of {reps})")
       print(f"sandbox verdict:                 {s:.3f} s/verdict (mean of {reps})")
+      # On a machine others load, the fastest of each is the closer estimate of the idle cost.
+      print(f"fastest: bare {min(bare_s):.3f} s, verdict {min(sandbox_s):.3f} s "
+            f"(ratio {min(sandbox_s) / min(bare_s):.2f} x)")
+      await ex.close()
       one, two = await throughput(1), await throughput(2)
       print(f"throughput, {batch} verdicts: 1 slot {one:.1f}/min, 2 slots {two:.1f}/min "
             f"(x{two / one:.2f}; {os.cpu_count()} cores)")

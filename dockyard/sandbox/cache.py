@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -26,6 +27,9 @@ _GIT_ENV = {
     "GIT_AUTHOR_DATE": "2000-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2000-01-01T00:00:00Z",
     "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_TERMINAL_PROMPT": "0",
 }
+
+
+_FULL_SHA = re.compile(r"[0-9a-f]{40}")
 
 
 class RepoError(RuntimeError):
@@ -70,6 +74,10 @@ class RepoCache:
 
   def _tree_sync(self, repo: str, base_commit: str) -> str:
     src = self.repo_path(repo)
+    if _FULL_SHA.fullmatch(base_commit):  # already built for this very commit: no git run needed
+      tree = os.path.join(self.cache_dir, "trees", repo.replace("/", "__"), base_commit, "tree")
+      if os.path.exists(os.path.join(os.path.dirname(tree), "ready")):
+        return tree
     try:
       sha = _git("rev-parse", "--verify", "--quiet", f"{base_commit}^{{commit}}", cwd=src).strip()
     except RepoError:

@@ -3,10 +3,12 @@
   verdict = await Executor(repos_dir=..., slots=2).run(task)
 
 Steps: static integrity checks on the agent's patch; the cached tree for (repo, base_commit); a
-private view; the apply cascade (`git apply`, `git apply --3way`, `patch --fuzz`, the view reset
-between tries); held-out files forced back to base_commit and files the test_patch adds removed;
-the test_patch applied; a randomly named canary test and poisoned twins of some FAIL_TO_PASS
-tests added; pytest run under bubblewrap through our launcher (trusted imports before any repo
+private view (a spare one started during the previous run of the same tree, if any); the apply
+cascade (`git apply`, `git apply --3way`, `patch --fuzz`, the view reset between tries);
+held-out files forced back to base_commit and files the test_patch adds removed; the test_patch
+applied (when the first method applies, all this is one sandbox run); a randomly named canary
+test and poisoned twins of some FAIL_TO_PASS tests added (the executor answers, per item and
+only after its body ran, which items are twins); pytest run under bubblewrap through our launcher (trusted imports before any repo
 code, configuration on a pipe it consumes) with our reporting plugin writing to a pipe; what the
 run wrote checked; grading. A patch that does not apply, a missing repo or a timeout is a
 verdict with a reason, never an exception. Threat model: docs/sandbox-integrity.md.
@@ -45,6 +47,9 @@ APPLY_CASCADE = (
                       "--no-backup-if-mismatch", "-i"]),
 )
 _MAX_REPORT_BYTES = 32 << 20
+_MAX_ASK_BYTES = 4 << 20
+_APPLY_FAILED = 97                       # exit status of the combined run: the patch did not apply
+_MAX_ASKS = 1_000_000
 
 
 @dataclasses.dataclass
@@ -94,6 +99,7 @@ class Executor:
     self.limits = limits or Limits()
     self._sem = asyncio.Semaphore(self.slots)
     self.running = 0
+    self._spares: dict[str, asyncio.Future[View]] = {}   # lower tree -> a view being started
 
   async def run(self, task: dict) -> dict:
     """Grades one task (raises TaskError on a malformed one); returns the verdict dict."""
@@ -124,25 +130,85 @@ class Executor:
       try:
         with _Timer(v.timings, "prepare"):
           lower = await self.cache.tree(task.repo, task.base_commit)
-        async with View(lower, self.limits, binds=[(PLUGIN_DIR, PLUGIN_MOUNT)]) as view:
+          view = await self._take_view(lower)
+        async with view:
           await self._in_view(task, v, view, lower, test_patch_paths)
       finally:
         self.running -= 1
 
+  async def _take_view(self, lower: str) -> View:
+    """A fresh view of `lower`: the spare started for it, if any, else a new one. A spare for
+    the same tree is started while a run's tests run (`_start_spare`: pytest keeps one core
+    busy; a GRPO group grades several samples of one task in a row), at most `slots` spares in
+    all; each is a fresh view, never a used one."""
+    spare = self._spares.pop(lower, None)
+    view = None
+    if spare is not None:
+      try:
+        view = await spare
+      except Exception:   # a spare that failed to start: make one now (and fail loudly if so)
+        view = None
+      if view is not None and not view.alive():
+        await view.close()
+        view = None
+    if view is None:
+      view = await self._new_view(lower)
+    return view
+
+  def _start_spare(self, lower: str) -> None:
+    if lower in self._spares:
+      return
+    while len(self._spares) >= self.slots:
+      asyncio.ensure_future(self._close_spare(self._spares.pop(next(iter(self._spares)))))
+    self._spares[lower] = asyncio.ensure_future(self._new_view(lower))
+
+  async def _new_view(self, lower: str) -> View:
+    return await View(lower, self.limits, binds=[(PLUGIN_DIR, PLUGIN_MOUNT)]).start()
+
+  @staticmethod
+  async def _close_spare(spare: "asyncio.Future[View]") -> None:
+    try:
+      view = await spare
+    except Exception:
+      return
+    await view.close()
+
+  async def close(self) -> None:
+    """Closes the spare views (they also end with this process: each reads its stdin)."""
+    spares, self._spares = list(self._spares.values()), {}
+    for spare in spares:
+      await self._close_spare(spare)
+
   async def _in_view(self, task: Task, v: Verdict, view: View, lower: str,
                      test_patch_paths: list[str]) -> None:
     agent_paths = integrity.patch_paths(task.patch)
+    protected = list(dict.fromkeys(test_patch_paths + list(task.test_files)
+                                   + [p for p in agent_paths if integrity.is_protected(p)]))
+    restore, added = self._restore_script(view, lower, task, protected, test_patch=True)
+    restore_res = None
     with _Timer(v.timings, "apply"):
       patch_in = view.write_input("agent.diff", task.patch)
       log = []
-      for i, (name, argv) in enumerate(APPLY_CASCADE):
-        if i:
+      # The common case in one sandbox run (each costs a bwrap start): the first method applies,
+      # then the held-out files are restored and the test_patch applied.
+      name, argv = APPLY_CASCADE[0]
+      mark = f"restore-{secrets.token_hex(8)}"   # random: no patch output can forge it
+      script = (" ".join(_sh(a) for a in [*argv, patch_in]) + f" || exit {_APPLY_FAILED}\n"
+                f"echo {mark}\n" + restore)
+      res = await view.exec(["sh", "-c", script, "restore", *added], env=_GIT_ENV, timeout_s=60)
+      applied_out, marked, restore_out = res.output.text().partition(f"{mark}\n")
+      log.append(f"$ {name}\n{applied_out}")
+      if marked:
+        v.patch_applied, v.apply_method = True, name
+        restore_res = (res.exit_code, restore_out)
+      else:
+        for name, argv in APPLY_CASCADE[1:]:
           await view.reset()
-        res = await view.exec([*argv, patch_in], env=_GIT_ENV, timeout_s=60)
-        log.append(f"$ {name}\n{res.output.text()}")
-        if res.exit_code == 0:
-          v.patch_applied, v.apply_method = True, name
-          break
+          res = await view.exec([*argv, patch_in], env=_GIT_ENV, timeout_s=60)
+          log.append(f"$ {name}\n{res.output.text()}")
+          if res.exit_code == 0:
+            v.patch_applied, v.apply_method = True, name
+            break
     if not v.patch_applied:
       v.reason = "patch does not apply"
       v.log_tail = "\n".join(log)[-4000:]
@@ -154,15 +220,26 @@ class Executor:
         v.findings.append(finding)
 
     with _Timer(v.timings, "restore"):
-      protected = list(dict.fromkeys(
-          test_patch_paths + list(task.test_files)
-          + [p for p in agent_paths if integrity.is_protected(p)]
-          + [f.split(": ", 1)[1].split(" (")[0] for f in v.findings
-             if f.startswith("touches_pytest_config")]))
-      reason = await self._restore(view, lower, task, protected)
-    if reason:
-      v.reason = reason
+      if restore_res is None:
+        res = await view.exec(["sh", "-c", restore, "restore", *added], env=_GIT_ENV, timeout_s=60)
+        restore_res = (res.exit_code, res.output.text())
+      if restore_res[0] == 0:
+        # pytest config the agent changed (a finding, reward 0) is put back too, so the
+        # statuses stay those of the held-out configuration.
+        late = [f.split(": ", 1)[1].split(" (")[0] for f in v.findings
+                if f.startswith("touches_pytest_config")]
+        late = [p for p in dict.fromkeys(late) if p not in protected]
+        if late:
+          script, late_added = self._restore_script(view, lower, task, late, test_patch=False)
+          res = await view.exec(["sh", "-c", script, "restore", *late_added], env=_GIT_ENV,
+                                timeout_s=60)
+          restore_res = (res.exit_code, res.output.text())
+    if restore_res[0] != 0:
+      v.reason = ("restoring held-out tests / applying test_patch failed: "
+                  f"{restore_res[1][-1500:]}")
       return
+    if task.test_patch.strip():  # the tests must not read which functions the test_patch adds
+      os.remove(view.host_path("in", "test.diff"))
 
     # The canary goes in the test files' common directory, so pytest finds the same ini file
     # (and rootdir-moving tests/pytest.ini) it would for the test files alone.
@@ -176,14 +253,19 @@ class Executor:
     fd = os.open(view.host_path("work", canary_file),
                  os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     with os.fdopen(fd, "w") as f:
-      f.write(f"def test_{canary_tag}():\n  assert False, 'must fail'\n")
+      # pytest's own failure without a traceback: rendering one costs ~5 ms of every verdict.
+      f.write(f"import pytest\n\n\ndef test_{canary_tag}():\n"
+              "  pytest.fail('must fail', pytrace=False)\n")
+    tail = "_" + secrets.token_hex(6)   # the poison call both originals and twins end with
     with _Timer(v.timings, "twins"):
-      twin_list = self._twins(view, task)
+      twin_list = self._twins(view, task, tail)
     before = await asyncio.to_thread(view.snapshot_upper)
 
+    self._start_spare(lower)
     with _Timer(v.timings, "tests"):
-      exit_code, timed_out, report, output = await self._pytest(
-          view, task, canary_file, lower, [t.name for t in twin_list])
+      exit_code, timed_out, report, output, oracle_findings = await self._pytest(
+          view, task, canary_file, lower, [t.name for t in twin_list], tail)
+    v.findings += oracle_findings
     events = grading.parse_events(report)
     found, tamper = grading.statuses(events)
     v.findings += tamper
@@ -209,22 +291,26 @@ class Executor:
       bad = [t for t, s in v.tests_status.items() if s not in grading.PASSING]
       v.reason = f"{len(bad)} of {len(v.tests_status)} tests not passing (exit code {exit_code})"
 
-  def _twins(self, view: View, task: Task) -> list[twins.Twin]:
-    """Writes poisoned twins of some FAIL_TO_PASS tests into their (held-out) files."""
+  def _twins(self, view: View, task: Task, tail: str) -> list[twins.Twin]:
+    """Writes poisoned twins of some FAIL_TO_PASS tests into their (held-out) files; they and
+    their originals end with a call to `tail`."""
     sources = {}
     for path in dict.fromkeys(t.split("::", 1)[0] for t in task.fail_to_pass):
       text = _read(view.host_path("work", path))
       if text is not None and len(text) < (2 << 20):
         sources[path] = text
-    new_texts, twin_list = twins.add_twins(sources, task.fail_to_pass, limit=self.max_twins)
+    new_texts, twin_list = twins.add_twins(sources, task.fail_to_pass, tail=tail,
+                                           limit=self.max_twins)
     for path, text in new_texts.items():
       fd = os.open(view.host_path("work", path), os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
       with os.fdopen(fd, "w") as f:
         f.write(text)
     return twin_list
 
-  async def _restore(self, view: View, lower: str, task: Task, protected: list[str]) -> str:
-    """Forces held-out files back to base_commit and applies the test_patch; '' on success."""
+  def _restore_script(self, view: View, lower: str, task: Task, protected: list[str],
+                      test_patch: bool) -> tuple[str, list[str]]:
+    """(sh script, its "$@") forcing `protected` back to base_commit (removing those base_commit
+    lacks) and, with `test_patch`, applying the test_patch."""
     at_base = [p for p in protected if os.path.isfile(os.path.join(lower, p))
                and not os.path.islink(os.path.join(lower, p))]
     added = [p for p in protected if p not in at_base]
@@ -233,19 +319,19 @@ class Executor:
       script += 'rm -rf -- "$@"\n'
     if at_base:
       script += "git checkout -q HEAD -- " + " ".join(_sh(p) for p in at_base) + "\n"
-    if task.test_patch.strip():
+    if test_patch and task.test_patch.strip():
       test_in = view.write_input("test.diff", task.test_patch)
       script += f"git apply --verbose --whitespace=nowarn {test_in}\n"
-    res = await view.exec(["sh", "-c", script, "restore", *added], env=_GIT_ENV, timeout_s=60)
-    if res.exit_code != 0:
-      return f"restoring held-out tests / applying test_patch failed: {res.output.text()[-1500:]}"
-    return ""
+    return script, added
 
   async def _pytest(self, view: View, task: Task, canary_file: str, lower: str,
-                    twin_names: list[str]):
+                    twin_names: list[str], tail: str):
     paths = [f"{WORKDIR}/src", WORKDIR] if os.path.isdir(os.path.join(lower, "src")) else [WORKDIR]
     read_fd, write_fd = os.pipe()
-    config = {"report_fd": write_fd, "twins": twin_names, "paths": paths,
+    ask_r, ask_w = os.pipe()          # the plugin asks about an item whose body passed ...
+    answer_r, answer_w = os.pipe()    # ... and learns here, only then, whether it is a twin
+    config = {"report_fd": write_fd, "ask_fd": ask_w, "answer_fd": answer_r, "tail": tail,
+              "paths": paths,
               "plugin_name": "_" + secrets.token_hex(8),
               "args": ["-p", "no:cacheprovider", f"--rootdir={WORKDIR}", "-q", "--tb=short",
                        "--color=no",
@@ -260,13 +346,57 @@ class Executor:
     argv = [sys.executable, "-P", "-s", "-B", f"{PLUGIN_MOUNT}/{LAUNCHER}", str(config_fd)]
     ro = [canary_file] + [p for p in task.test_files if os.path.lexists(view.host_path("work", p))]
     report_task = asyncio.ensure_future(_read_fd(read_fd))
+    oracle_task = asyncio.ensure_future(_answer_twins(ask_r, answer_w, frozenset(twin_names)))
     try:
-      res = await view.exec(argv, env=env, ro_files=ro, pass_fds=[write_fd, config_fd])
+      # .git is masked: the history would tell a twin from a test that existed at base_commit.
+      res = await view.exec(argv, env=env, ro_files=ro, masks=[".git"],
+                            pass_fds=[write_fd, config_fd, ask_w, answer_r])
     finally:
-      os.close(write_fd)
-      os.close(config_fd)
+      for fd in (write_fd, config_fd, ask_w, answer_r):
+        os.close(fd)
     report = await report_task
-    return res.exit_code, res.timed_out, report, res.output
+    oracle_findings = await oracle_task
+    return res.exit_code, res.timed_out, report, res.output, oracle_findings
+
+
+async def _answer_twins(ask_fd: int, answer_fd: int, names: frozenset[str]) -> list[str]:
+  """The twin oracle: one JSON line {"nodeid", "name"} in per item whose body passed, one byte
+  out ("1": poison it). Each node id is asked once; a second ask, or a line that is not an ask,
+  was written by the code under test: a finding, and from then on every answer is "1"."""
+  loop = asyncio.get_running_loop()
+  reader = asyncio.StreamReader(limit=_MAX_ASK_BYTES)
+  transport, _ = await loop.connect_read_pipe(
+      lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(ask_fd, "rb", buffering=0))
+  os.set_blocking(answer_fd, False)
+  seen: set[str] = set()
+  findings: list[str] = []
+  try:
+    while len(seen) < _MAX_ASKS:
+      try:
+        line = await reader.readline()
+      except ValueError:
+        findings.append("oracle_misused: an ask line longer than 4 MiB")
+        break
+      if not line:
+        break
+      try:
+        ask = json.loads(line)
+        nodeid, name = str(ask["nodeid"]), str(ask["name"])
+      except (ValueError, KeyError, TypeError):
+        findings.append("oracle_misused: a line that is not an ask")
+        nodeid, name = "", ""
+      if nodeid in seen:
+        findings.append(f"oracle_misused: {nodeid or 'a malformed ask'} asked twice")
+      seen.add(nodeid)
+      try:
+        os.write(answer_fd, b"1" if findings or name in names else b"0")
+      except OSError:   # nobody reads the answers (pipe full or closed): the plugin fails closed
+        findings.append("oracle_misused: answers not read")
+        break
+  finally:
+    transport.close()
+    os.close(answer_fd)
+  return list(dict.fromkeys(findings))
 
 
 async def _read_fd(fd: int) -> bytes:

@@ -5,8 +5,8 @@ A `View` is one task's workspace. A small root "holder" process lives in its own
 and an overlayfs on it: the cached tree is the read-only lower layer, the tmpfs holds the upper
 layer, so a run sees a private writable copy and the cache is never written (no hardlinks). Host
 paths the sandbox needs but the sandbox user may not traverse (the Python under /root) are bound
-into the tmpfs by root. Every command then enters that namespace (`nsenter`), drops to an
-unprivileged uid (`setpriv`), and runs under `bwrap --unshare-all` (new user, pid, net, ipc, uts
+into the tmpfs by root. Every command then enters that namespace and drops to an unprivileged
+uid and no supplementary groups in one step (`nsenter --setuid --setgid`), and runs under `bwrap --unshare-all` (new user, pid, net, ipc, uts
 namespaces: no network; read-only system; tmpfs /tmp and $HOME; only /testbed writable), with
 rlimits set by `prlimit`. RLIMIT_NPROC bites because the outer uid is not root. When the holder
 exits, its namespace and every mount in it disappear; killing bwrap kills the sandbox's pid 1,
@@ -135,7 +135,7 @@ def check_host() -> None:
   if os.geteuid() != 0:
     raise RuntimeError("the sandbox executor must run as root: it mounts a tmpfs and an overlayfs "
                        "in a private mount namespace and drops to uid 65534 for each run")
-  for tool in ("bwrap", "unshare", "nsenter", "setpriv", "prlimit", "git", "patch"):
+  for tool in ("bwrap", "unshare", "nsenter", "prlimit", "git", "patch"):
     if not any(os.access(os.path.join(d, tool), os.X_OK) for d in os.environ.get(
         "PATH", "/usr/bin:/bin").split(":") + ["/usr/bin"]):
       raise RuntimeError(f"the sandbox needs {tool!r} on PATH (bwrap: apt-get install bubblewrap)")
@@ -148,8 +148,11 @@ mount -t tmpfs -o size=${SIZE}m,nr_inodes=262144,mode=0755 dockyard-run "$M"
 mkdir "$M/up" "$M/wk" "$M/work" "$M/in" "$M/b"
 chown "$U:$U" "$M/up"
 mount -t overlay overlay -o "lowerdir=$LOWER,upperdir=$M/up,workdir=$M/wk" "$M/work"
+i=0; d=""
+for p in "$@"; do d="$d $M/b/$i"; i=$((i+1)); done
+[ -z "$d" ] || mkdir $d
 i=0
-for p in "$@"; do mkdir "$M/b/$i"; mount --rbind "$p" "$M/b/$i"; i=$((i+1)); done
+for p in "$@"; do mount --rbind "$p" "$M/b/$i"; i=$((i+1)); done
 echo ready
 exec cat >/dev/null
 """
@@ -176,6 +179,15 @@ class View:
     self._holder: asyncio.subprocess.Process | None = None
 
   async def __aenter__(self) -> "View":
+    if self._holder is None:
+      await self.start()
+    return self
+
+  def alive(self) -> bool:
+    return self._holder is not None and self._holder.returncode is None
+
+  async def start(self) -> "View":
+    """Sets the view up (`async with` does it too, unless it was started already)."""
     os.makedirs(MOUNT_POINT, exist_ok=True)
     os.chmod(MOUNT_POINT, 0o755)
     self._holder = await asyncio.create_subprocess_exec(
@@ -232,11 +244,12 @@ class View:
     return walk_tree(self.host_path("up"), max_entries)
 
   def bwrap_argv(self, argv: Sequence[str], env: dict[str, str], ro_files: Sequence[str] = (),
-                 cwd: str = WORKDIR, info_fd: int | None = None) -> list[str]:
+                 cwd: str = WORKDIR, info_fd: int | None = None,
+                 masks: Sequence[str] = ()) -> list[str]:
+    """`masks`: directories under WORKDIR hidden behind an empty read-only tmpfs."""
     lim = self.limits
     m = MOUNT_POINT
-    args = ["setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups", "--",
-            "bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
+    args = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
             *_system_binds(), "--proc", "/proc", "--dev", "/dev",
             "--size", str(lim.disk_mb << 20), "--tmpfs", "/tmp",
             "--size", str(64 << 20), "--tmpfs", HOME,
@@ -245,6 +258,8 @@ class View:
       args += ["--ro-bind", f"{m}/b/{i}", path]
     for rel in ro_files:
       args += ["--ro-bind", f"{m}/work/{rel}", f"{WORKDIR}/{rel}"]
+    for rel in masks:
+      args += ["--size", "4096", "--tmpfs", f"{WORKDIR}/{rel}", "--remount-ro", f"{WORKDIR}/{rel}"]
     base_env = {"HOME": HOME, "TMPDIR": "/tmp", "TZ": "UTC", "PYTHONHASHSEED": "0",
                 "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
                 "PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin"}
@@ -262,19 +277,22 @@ class View:
 
   async def exec(self, argv: Sequence[str], env: dict[str, str] | None = None,
                  ro_files: Sequence[str] = (), pass_fds: Sequence[int] = (),
-                 timeout_s: float | None = None) -> RunResult:
+                 timeout_s: float | None = None, masks: Sequence[str] = ()) -> RunResult:
     """Runs argv in the sandbox over this view; kills the whole tree at the wall-clock limit.
 
     bwrap's --info-fd tells us the host pid of the sandbox's pid 1; it is killed (which empties
     the pid namespace) and waited for, so nothing of the run is alive when this returns.
     """
     info_r, info_w = os.pipe()
-    full = self.bwrap_argv(argv, env or {}, ro_files, info_fd=info_w)
+    full = self.bwrap_argv(argv, env or {}, ro_files, info_fd=info_w, masks=masks)
     # bwrap reads its options (binds with host paths, env) from a pipe it consumes, so the
     # sandbox's /proc/1/cmdline shows `bwrap --args N prlimit ... <command>`, no host paths.
     at, end = full.index("bwrap") + 1, full.index("prlimit")
     args_r = pipe_with(b"".join(a.encode() + b"\0" for a in full[at:end]))
-    cmd = self._nsenter() + full[:at] + ["--args", str(args_r)] + full[end:]
+    # nsenter enters the view's mount namespace and, as it goes, drops to the sandbox uid and gid
+    # with no supplementary groups (one exec fewer than a separate setpriv).
+    cmd = (["nsenter", f"--mount=/proc/{self._holder.pid}/ns/mnt", f"--setuid={SANDBOX_UID}",
+            f"--setgid={SANDBOX_UID}", "--"] + full[:at] + ["--args", str(args_r)] + full[end:])
     start = time.monotonic()
     try:
       proc = await asyncio.create_subprocess_exec(
@@ -300,6 +318,7 @@ class View:
       child = _child_pid(await asyncio.wait_for(info, 5))
       if child:
         await _kill_and_wait(child)
+        _remember_if_alive(child)
     try:
       output = await asyncio.wait_for(drain, 10)
     except asyncio.TimeoutError:
@@ -404,19 +423,61 @@ async def _kill_and_wait(pid: int, timeout_s: float = 5.0) -> None:
     await asyncio.sleep(0.01)
 
 
+# Sandboxes of this process whose pid 1 was still alive after the kill: (host pid, start time).
+# Only these can hold leftover processes (when a pid namespace's pid 1 dies, the kernel kills
+# everything in it), so only these are looked at; another executor's sandboxes never are.
+_SURVIVORS: set[tuple[int, str]] = set()
+
+
+def _start_time(pid: int) -> str | None:
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      fields = f.read().rsplit(")", 1)[1].split()
+  except (OSError, IndexError):
+    return None
+  return None if fields[0] == "Z" else fields[19]   # field 22 of stat: start time
+
+
+def _remember_if_alive(pid: int) -> None:
+  start = _start_time(pid)
+  if start is not None:
+    _SURVIVORS.add((pid, start))
+
+
 def live_sandbox_processes() -> list[str]:
-  """Live processes of the sandbox uid ("pid name"); none may outlive a run. Zombies are dead
-  and skipped: bwrap's pid 1 exits just after the outer bwrap, and host init reaps it later."""
-  out = []
-  for pid in os.listdir("/proc"):
-    if not pid.isdigit():
+  """This process's sandbox processes still alive ("pid name"); none may outlive a run.
+
+  A sandbox is tracked by its pid 1 (bwrap's init, whose host pid --info-fd reports): every
+  process in the sandbox is that pid 1 or a descendant of it (orphans are reparented to it), and
+  when it dies the kernel kills the rest. So the processes counted are the pid 1s of this
+  process's runs that survived their kill, and their live descendants; zombies are dead and
+  skipped. Concurrent sandboxes of other executors on the machine are never counted.
+  """
+  roots = set()
+  for pid, start in list(_SURVIVORS):
+    if _start_time(pid) == start:
+      roots.add(pid)
+    else:
+      _SURVIVORS.discard((pid, start))   # dead (or the pid was reused)
+  if not roots:
+    return []
+  children: dict[int, list[int]] = {}
+  names: dict[int, str] = {}
+  for entry in os.listdir("/proc"):
+    if not entry.isdigit():
       continue
     try:
-      with open(f"/proc/{pid}/status") as f:
+      with open(f"/proc/{entry}/status") as f:
         fields = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
     except OSError:
       continue
-    if fields.get("Uid", "").split()[:1] == [str(SANDBOX_UID)] and (
-        fields.get("State", "").split()[:1] != ["Z"]):
-      out.append(f"{pid} {fields.get('Name', '').strip()}")
-  return out
+    if fields.get("State", "").split()[:1] == ["Z"]:
+      continue
+    names[int(entry)] = fields.get("Name", "").strip()
+    children.setdefault(int(fields.get("PPid", "0").strip() or 0), []).append(int(entry))
+  out, stack = [], [r for r in roots if r in names]
+  while stack:
+    pid = stack.pop()
+    out.append(f"{pid} {names[pid]}")
+    stack += [c for c in children.get(pid, []) if c in names]
+  return sorted(out)

@@ -47,6 +47,10 @@ REPOS = {
             def test_strict_raises():
               1 / 0
 
+            @pytest.mark.xfail(raises=TypeError, reason="odd input may raise")
+            def test_xfail_other_error():
+              assert double(50) == 100
+
             def test_imperative_xfail():
               pytest.xfail("documented limitation")
 
@@ -69,8 +73,10 @@ REPOS = {
             def test_py2():
               assert False
             """)},
+        # test_xfail_other_error: FAILED before the fix (the wrong error), XPASS after; its twin
+        # must still be FAILED, not XFAIL.
         f2p=["tests/test_marks.py::test_double", "tests/test_marks.py::test_param[2-4]",
-             "tests/test_marks.py::test_param[5-10]"],
+             "tests/test_marks.py::test_param[5-10]", "tests/test_marks.py::test_xfail_other_error"],
         p2p=["tests/test_marks.py::test_known_bug", "tests/test_marks.py::test_xpass_after_fix",
              "tests/test_marks.py::test_strict_raises", "tests/test_marks.py::test_imperative_xfail",
              "tests/test_marks.py::test_param[-2-99]"],

@@ -196,7 +196,8 @@ ATTACKS = {
         _zero(v), "big=EFBIG" in _log(v), "fill=ENOSPC" in _log(v), "tmp=ENOSPC" in _log(v))),
     "fd_exhaustion": (attack(FDS), lambda v: (_zero(v), "fds=EMFILE" in _log(v))),
     "git_history": (attack(GIT_HISTORY), lambda v: (
-        _zero(v), "git_found=False" in _log(v), "commits=1" in _log(v),
+        # .git is masked while the tests run: no history at all, let alone the future fix.
+        _zero(v), "git_found=False" in _log(v), "commits=0" in _log(v),
         "repos_visible=False" in _log(v), rf.FIX_MARKER not in _log(v))),
     "print_passed_then_exit0": (attack(PRINT_AND_EXIT, fixed=False), lambda v: (
         _zero(v), any(f.startswith("canary_not_failed") for f in v["findings"]))),

@@ -32,7 +32,7 @@ async def test_wrong_patch_fails_by_the_swe_bench_rule(executor, workspace):
   assert v["tests_status"]["tests/test_calc.py::test_add"] == "FAILED"
   assert v["tests_status"]["tests/test_calc.py::test_sub"] == "PASSED"
   assert v["pass_rate"] == pytest.approx(2 / 3)
-  assert "test_add" in v["log_tail"]
+  assert "test_add" in v["log_tail"], (v["reason"], v["findings"], v["timings"])
 
 
 async def test_empty_patch_is_a_verdict_not_a_run(executor, workspace):

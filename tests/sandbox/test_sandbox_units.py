@@ -255,7 +255,7 @@ def test_twins_copy_f2p_tests_under_plausible_random_names():
       """)
   ids = ["t.py::test_parse_value[1]", "t.py::test_parse_value[2]",
          "t.py::TestOrder::test_items_sorted", "t.py::Case::testRange"]
-  out, made = twins.add_twins({"t.py": src}, ids, random.Random(0), limit=3)
+  out, made = twins.add_twins({"t.py": src}, ids, random.Random(0), limit=3, tail="_tl")
   assert len({t.name for t in made}) == 3 and len(made) == 4
   new = out["t.py"]
   compile(new, "t.py", "exec")
@@ -264,6 +264,102 @@ def test_twins_copy_f2p_tests_under_plausible_random_names():
     assert "dockyard" not in t.name and "canary" not in t.name
     path, *_ = t.twin.split("::")
     assert path == "t.py" and t.twin.rsplit("::", 1)[0] == t.original.rsplit("::", 1)[0]
-  # The same body, decorators included; nothing in the source tells twin from original.
+  # The same body, decorators included, the same poison call last in both; nothing in the
+  # source tells twin from original but the name.
   assert new.count('@pytest.mark.parametrize("x", [1, 2])') == 2
-  assert new.count("assert x\n") == 2
+  assert new.count("  assert x\n  _tl()\n") == 2
+  assert new.count("    self.assertTrue(True)\n    _tl()\n") == 2
+  assert new.count("_tl()") == 6
+
+
+def test_twins_skip_functions_whose_tail_might_not_run():
+  import random
+  from dockyard.sandbox import twins
+  src = textwrap.dedent("""\
+      def test_early(x=1):
+        if x:
+          return
+        assert x
+
+      def test_one_line(): assert True
+
+      def test_nested_return_is_fine():
+        def helper():
+          return 1
+        assert helper()
+      """)
+  ids = ["t.py::test_early", "t.py::test_one_line", "t.py::test_nested_return_is_fine"]
+  out, made = twins.add_twins({"t.py": src}, ids, random.Random(1), limit=3, tail="_tl")
+  assert [t.original for t in made] == ["t.py::test_nested_return_is_fine"]
+  assert out["t.py"].count("_tl()") == 2 and "return\n  _tl" not in out["t.py"]
+  compile(out["t.py"], "t.py", "exec")
+
+
+def test_live_sandbox_processes_counts_only_this_process_survivors():
+  import time
+  from dockyard.sandbox import isolation
+  drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"]
+  # Another executor's sandbox: a uid-65534 process this process never ran as a sandbox.
+  foreign = subprocess.Popen([*drop, "sleep", "30"])
+  # A sandbox pid 1 of ours that survived its kill, with a child.
+  ours = subprocess.Popen([*drop, "sh", "-c", "sleep 30 & wait"])
+  child = None
+  try:
+    deadline = time.monotonic() + 10
+    while child is None and time.monotonic() < deadline:
+      child = next((int(p) for p in os.listdir("/proc") if p.isdigit() and _ppid(p) == ours.pid
+                    and _comm(p) == "sleep"), None)
+      time.sleep(0.02)
+    assert child is not None
+    assert isolation.live_sandbox_processes() == []
+    isolation._remember_if_alive(ours.pid)
+    found = isolation.live_sandbox_processes()
+    assert sorted(found) == sorted([f"{ours.pid} sh", f"{child} sleep"]), found
+  finally:
+    for proc in (foreign, ours):
+      proc.kill()
+      proc.wait()
+    if child is not None:
+      os.kill(child, 9)
+  assert isolation.live_sandbox_processes() == []
+
+
+def _ppid(pid):
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return int(f.read().rsplit(")", 1)[1].split()[1])
+  except (OSError, ValueError, IndexError):
+    return None
+
+
+def _comm(pid):
+  try:
+    with open(f"/proc/{pid}/comm") as f:
+      return f.read().strip()
+  except OSError:
+    return None
+
+
+def test_twin_oracle_answers_each_item_once_and_flags_misuse():
+  import asyncio
+  from dockyard.sandbox.executor import _answer_twins
+
+  async def ask(lines):
+    ask_r, ask_w = os.pipe()
+    answer_r, answer_w = os.pipe()
+    oracle = asyncio.ensure_future(_answer_twins(ask_r, answer_w, frozenset({"test_twin"})))
+    os.write(ask_w, b"".join(lines))
+    os.close(ask_w)
+    findings = await oracle
+    with os.fdopen(answer_r, "rb") as f:
+      return f.read(), findings
+
+  ok = [json.dumps({"nodeid": "t.py::test_a", "name": "test_a"}).encode() + b"\n",
+        json.dumps({"nodeid": "t.py::test_twin[1]", "name": "test_twin"}).encode() + b"\n"]
+  assert asyncio.run(ask(ok)) == (b"01", [])
+  # The code under test asking ahead (a second ask of one item) or writing junk: a finding, and
+  # every answer from then on poisons.
+  answers, findings = asyncio.run(ask(ok + ok[:1] + [b"not json\n"] + ok[:1]))
+  assert answers == b"01111"
+  assert findings == ["oracle_misused: t.py::test_a asked twice",
+                      "oracle_misused: a line that is not an ask"], findings

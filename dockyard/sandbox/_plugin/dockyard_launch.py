@@ -6,8 +6,8 @@ The executor runs this instead of `python -m pytest`. With -P the script's direc
 working directory are not on sys.path, and the environment carries no PYTHONPATH, so at start-up
 sys.path is the standard library and site-packages only: a repository file named like `pytest`,
 `json`, `sitecustomize` or a `.pth` file is never imported by the interpreter or by this script.
-The run's configuration (pytest arguments, the results fd, the poisoned twins, a random name for
-the plugin module) arrives on a pipe that is read to EOF and closed here, before any repository
+The run's configuration (pytest arguments, the fds of the results pipe and of the twin oracle, a
+random name for the plugin module) arrives on a pipe that is read to EOF and closed here, before any repository
 code runs, so the code under test cannot read it back from argv, the environment or a file.
 
 Then pytest and the results plugin are imported (the plugin by file path, under the random name),
@@ -43,7 +43,7 @@ def main():
       config["plugin_name"], os.path.join(here, "dockyard_report_plugin.py"))
   plugin = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(plugin)
-  plugin.configure(config["report_fd"], config["twins"])
+  plugin.configure(config["report_fd"], config["ask_fd"], config["answer_fd"], config["tail"])
 
   site = [i for i, p in enumerate(sys.path) if p.endswith(("site-packages", "dist-packages"))]
   at = site[0] if site else len(sys.path)
