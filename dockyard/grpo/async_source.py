@@ -328,7 +328,7 @@ class AsyncSource:
                                    self.per_step, version=step)
     if state is not None:
       if "buffer" not in state:
-        raise ValueError(f"{workdir}/checkpoints/latest was written by the sync loop (no async state); resume it "
+        raise ValueError(f"{workdir}/checkpoints/latest was written by a sync run (no async state); resume it "
                          "with grpo.async_grpo.enabled=False or start a fresh workdir")
       self.buffer.load(state["buffer"])
     self.collector = Collector(self.config, generator=self.generator, env=self.env, tokenizer=self.tokenizer,
@@ -382,9 +382,10 @@ class AsyncSource:
            "perf/tokens_per_s": (s.generated_tokens - self._tokens_last) / max(now - self._t_last, 1e-9),
            **self.buffer.metrics()}
     self._t_last, self._tokens_last = now, s.generated_tokens
+    taken = self.entries
     workdir_lib.append_jsonl(self.log_path, [dict(
-        step=step, seqs=[e.seq for e in self.entries], instance_ids=[e.group.task.get("instance_id") for e in self.entries],
-        versions=[e.version for e in self.entries], dropped=self.buffer.drain_dropped())])
+        step=step, seqs=[e.seq for e in taken], instance_ids=[e.group.task.get("instance_id") for e in taken],
+        versions=[e.version for e in taken], dropped=self.buffer.drain_dropped())])
     return out
 
   def state(self) -> dict:

@@ -81,16 +81,22 @@ def test_assign_advantages_drops_flat_groups_with_dynamic_sampling():
   np.testing.assert_allclose(groups[2].shaped, [-0.5, 0, 0, 0])
 
 
+def _alternating_reward_groups(gen, env, tokenizer, config, sampling=None):
+  """4 samples for each of env.train's prompts, rewarded 0, 1, 0, 1, with advantages set."""
+  sampling = sampling or step.SamplingParams(temperature=1.0, max_tokens=5)
+  groups = step.collect_groups(gen, env, tokenizer, env.train, 4, dataclasses.replace(sampling, seed=1))
+  for g in groups:
+    g.rewards = [Reward(float(i % 2)) for i in range(4)]
+  kept, _ = step.assign_advantages(groups, config)
+  return kept
+
+
 def test_train_on_groups_recomputes_prev_logprobs(tokenizer):
   policy = BigramPolicy(len(tokenizer), micro_batch_size=3)
   gen = BigramGenerator(np.asarray(policy.table), tokenizer.eos_token_id)
   env = MathEnv(MathConfig(num_train=4, num_validation=0))
   config = math_config()
-  groups = step.collect_groups(gen, env, tokenizer, env.train, 4,
-                               step.SamplingParams(temperature=1.0, max_tokens=5, seed=1))
-  for g in groups:
-    g.rewards = [Reward(float(i % 2)) for i in range(4)]
-  kept, _ = step.assign_advantages(groups, config)
+  kept = _alternating_reward_groups(gen, env, tokenizer, config)
   before = np.asarray(policy.table).copy()
   pg, _ = policy_factory.make_losses(config)
   m = step.train_on_groups(policy, kept, pg, pad_id=tokenizer.pad_token_id, is_cap=2.0)
@@ -121,11 +127,8 @@ def test_the_loop_trains_at_the_sampling_temperature(tokenizer):
                                        reference=reference)
   assert settings.sampling.temperature == 0.7
   gen = BigramGenerator(np.asarray(policy.table), tokenizer.eos_token_id)
-  groups = step.collect_groups(gen, env, tokenizer, env.train, 4,
-                               dataclasses.replace(settings.sampling, max_tokens=5, seed=1))
-  for g in groups:
-    g.rewards = [Reward(float(i % 2)) for i in range(4)]
-  kept, _ = step.assign_advantages(groups, config)
+  kept = _alternating_reward_groups(gen, env, tokenizer, config,
+                                    dataclasses.replace(settings.sampling, max_tokens=5))
   seen = []
   real_step = policy.train_step
   policy.train_step = lambda b, fn: (seen.append(b.temperature), real_step(b, fn))[1]
@@ -149,11 +152,7 @@ def test_minibatches_take_one_step_each_against_the_batch_prev_logprobs(tokenize
   pg, _ = policy_factory.make_losses(config)
   policy = BigramPolicy(len(tokenizer), lr=0.5, micro_batch_size=3)
   gen = BigramGenerator(np.asarray(policy.table), tokenizer.eos_token_id)
-  groups = step.collect_groups(gen, env, tokenizer, env.train, 4,
-                               step.SamplingParams(temperature=1.0, max_tokens=5, seed=1))
-  for g in groups:
-    g.rewards = [Reward(float(i % 2)) for i in range(4)]
-  kept, _ = step.assign_advantages(groups, config)
+  kept = _alternating_reward_groups(gen, env, tokenizer, config)
   ratios = []
   real_step = policy.train_step
   policy.train_step = lambda b, fn: (ratios.append(b.batch_size), real_step(b, fn))[1]
