@@ -86,8 +86,10 @@ def main():
   from transformers import AutoTokenizer
 
   from dockyard.envs.math import MathConfig, MathEnv
-  from dockyard.grpo.async_loop import async_grpo_train
-  from dockyard.grpo.sync_loop import grpo_train, make_losses, refit
+  from dockyard.grpo.loop import grpo_train
+  from dockyard.grpo.source import make_source
+  from dockyard.grpo.step import refit
+  from dockyard.policy_factory import make_losses
   from dockyard.models.tiny import make_tiny_model
   from dockyard.refit.synchronizer import create_weight_synchronizer
   from dockyard.rollout.vllm_engine import VLLMEngine
@@ -113,16 +115,19 @@ def main():
   policy = JaxPolicy.from_hf(model_path, config)
   print(f"setup (model, tokenizer, vLLM engine, policies): {time.perf_counter() - t_all:.1f} s", flush=True)
 
-  def run(train_fn, steps, workdir):
+  def run(is_async, steps, workdir):
     c = config.copy_and_resolve_references()
     c.grpo.max_num_steps = steps
+    c.grpo.async_grpo.enabled = is_async   # the source the runner would build for it
     policy.restore(initial)          # same weights, optimizer state and step for every run
     sync = create_weight_synchronizer(c, policy, engine)
     refit(sync)                      # the engine starts every run from the same weights
+    source = make_source(c, generator=engine, env=env, tokenizer=tokenizer, train_tasks=env.train,
+                         synchronizer=sync)
     t0 = time.perf_counter()
-    train_fn(c, policy=policy, generator=engine, synchronizer=sync, env=env, tokenizer=tokenizer,
-             train_tasks=env.train, val_tasks=env.validation, workdir=workdir, reference=reference,
-             losses=losses, progress=False)
+    grpo_train(c, source=source, policy=policy, generator=engine, synchronizer=sync, env=env,
+               tokenizer=tokenizer, train_tasks=env.train, val_tasks=env.validation, workdir=workdir,
+               reference=reference, losses=losses, progress=False)
     wall = time.perf_counter() - t0
     rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
     return wall, [r for r in rows if "time/step" in r]
@@ -130,9 +135,9 @@ def main():
   with tempfile.TemporaryDirectory() as tmp:
     initial = os.path.join(tmp, "initial")
     policy.save(initial)
-    run(grpo_train, 1, os.path.join(tmp, "warmup"))          # jit compile, engine warm-up
-    sync_wall, sync_rows = run(grpo_train, args.steps, os.path.join(tmp, "sync"))
-    async_wall, async_rows = run(async_grpo_train, args.steps, os.path.join(tmp, "async"))
+    run(False, 1, os.path.join(tmp, "warmup"))          # jit compile, engine warm-up
+    sync_wall, sync_rows = run(False, args.steps, os.path.join(tmp, "sync"))
+    async_wall, async_rows = run(True, args.steps, os.path.join(tmp, "async"))
 
   gen_score = mean_of(sync_rows, "time/generate", "time/score")
   train_sync = mean_of(sync_rows, "time/train", "time/refit")

@@ -184,8 +184,8 @@ def trl_args(s: dict, config, output_dir: str):
 
 
 def train_prompt_order(config, train_tasks) -> list[dict]:
-  """The tasks dockyard's sync loop trains on, step by step (its `PromptSampler`)."""
-  from dockyard.grpo.sync_loop import PromptSampler
+  """The tasks dockyard's sync source trains on, step by step (its `PromptSampler`)."""
+  from dockyard.grpo.step import PromptSampler
   sampler = PromptSampler(train_tasks, seed=config.data.shuffle_seed)
   out = []
   for _ in range(config.grpo.max_num_steps):

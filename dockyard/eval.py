@@ -1,6 +1,6 @@
 r"""Evaluation on the test split: pass@1 of one sample per task at `rollout.val_temperature`
 (greedy at 0) with a 95% Wilson interval, through the same code path as validation
-(`sync_loop.run_validation`); then, when `eval.pass_k > 0`, `eval.num_samples` samples per task at
+(`grpo.harness.run_validation`); then, when `eval.pass_k > 0`, `eval.num_samples` samples per task at
 `eval.temperature` and the unbiased pass@k (and pass@1 of those samples), each with a 95%
 percentile-bootstrap interval over tasks (`dockyard.estimators`).
 
@@ -30,7 +30,8 @@ SAMPLES = "eval_samples.jsonl"
 def sampled_pass_at_k(config, *, generator, env, tokenizer, tasks, loop, max_in_flight: int,
                       records: list) -> dict:
   """`eval.num_samples` completions per task at `eval.temperature`: pass@1 and pass@k with CIs."""
-  from dockyard.grpo.sync_loop import collect_groups, score_groups, success_of
+  from dockyard.grpo.harness import success_of
+  from dockyard.grpo.step import collect_groups, score_groups
   e, r = config.eval, config.rollout
   n, k = int(e.num_samples), int(e.pass_k)
   # No request seed: one seed is shared by every prompt of a request, so sample i of every task
@@ -63,7 +64,7 @@ def sampled_pass_at_k(config, *, generator, env, tokenizer, tasks, loop, max_in_
 
 
 def evaluate(config, *, generator, env, tokenizer, tasks, workdir: str) -> dict:
-  from dockyard.grpo.sync_loop import run_validation
+  from dockyard.grpo.harness import run_validation
   if not tasks:
     raise ValueError("config.data.test: the test split has no tasks")
   r = config.rollout

@@ -3,7 +3,8 @@
 `config.policy.backend` is 'jax' (`dockyard.trainer_jax.policy.JaxPolicy`) or 'torch'
 (`dockyard.trainer_torch.policy.TorchPolicy`). Each is imported only when chosen, so a JAX run
 never imports torch's distributed stack and a torch run never imports JAX. A `LossFn` is written
-in the backend's array type, so the loops take it from here too (`make_loss`), never by name.
+in the backend's array type, so the runner takes the loop's losses from here too (`make_losses`)
+and hands them to `grpo.loop.grpo_train`: dockyard.grpo never imports this module.
 """
 from __future__ import annotations
 
@@ -39,3 +40,8 @@ def make_loss(config: Any, kind: str = "pg") -> LossFn:
   else:
     from dockyard.trainer_torch import loss as losses
   return losses.make_pg_loss(LossConfig.from_config(config)) if kind == "pg" else losses.nll_loss
+
+
+def make_losses(config: Any) -> tuple[LossFn, LossFn]:
+  """(clipped-PG loss, SFT NLL loss) in the array type of `config.policy.backend`."""
+  return make_loss(config, "pg"), make_loss(config, "nll")

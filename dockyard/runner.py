@@ -2,8 +2,9 @@
 
 The order matters on a small machine: Ray first (before JAX spins up threads), then the
 environment (and the local sandbox fleet for SWE when no URLs are configured), the policy, the
-vLLM rollout fleet, the weight synchronizer; then the sync or async GRPO loop (or, in eval mode,
-one validation pass over the test split). Whatever fails, every fleet is shut down on the way
+vLLM rollout fleet, the weight synchronizer, the trajectory source the config selects (sync or
+async); then `grpo.loop.grpo_train` over it (or, in eval mode, one validation pass over the test
+split). Whatever fails, every fleet is shut down on the way
 out, and the failing component is named in the error.
 """
 from __future__ import annotations
@@ -109,17 +110,18 @@ def run(config, paths: dict[str, str]) -> None:
     with component("refit"):
       from dockyard.refit.synchronizer import create_weight_synchronizer
       synchronizer = create_weight_synchronizer(config, policy, generator)
+    with component("source"):
+      from dockyard.grpo.source import make_source   # sync or async, as the config says
+      source = make_source(config, generator=generator, env=env, tokenizer=tokenizer,
+                           train_tasks=train_tasks, synchronizer=synchronizer)
     setup_s = time.perf_counter() - t0
-    if config.grpo.async_grpo.enabled:
-      from dockyard.grpo.async_loop import async_grpo_train as train_fn
-    else:
-      from dockyard.grpo.sync_loop import grpo_train as train_fn
+    from dockyard.grpo.loop import grpo_train
     # The KL penalty's reference: a factory for a second policy from the same checkpoint; the loop
     # calls it only when the penalty is on (and loads the post-warm-start weights into it).
-    result = train_fn(config, policy=policy, generator=generator, synchronizer=synchronizer, env=env,
-                      tokenizer=tokenizer, train_tasks=train_tasks, val_tasks=val_tasks,
-                      workdir=paths["workdir"],
-                      reference=lambda: policy_factory.make_policy(config, model_path))
+    result = grpo_train(config, source=source, policy=policy, generator=generator, synchronizer=synchronizer,
+                        env=env, tokenizer=tokenizer, train_tasks=train_tasks, val_tasks=val_tasks,
+                        workdir=paths["workdir"], losses=policy_factory.make_losses(config),
+                        reference=lambda: policy_factory.make_policy(config, model_path))
     from dockyard import summary
     print(summary.render(config, paths["workdir"], result, setup_s=setup_s,
                          total_s=time.perf_counter() - t0), flush=True)

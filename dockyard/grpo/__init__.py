@@ -7,6 +7,11 @@
   batch.py        `Group` records and packing into a `TrainBatch`
   sft.py          the SFT warm start on gold answers
   checkpoints.py  latest (resume) + best-k by a validation metric
-  sync_loop.py    step pieces (collect / score / advantages / train / refit / validate) and
-                  `grpo_train`, the synchronous loop that composes them
+  step.py         the step pieces: prompt sampling, collect / score / advantages / update / refit
+  harness.py      around the steps: settings, validation + best-k, resume / warm start,
+                  checkpoints, progress, the run's result
+  source.py       the `TrajectorySource` seam; `SyncSource` (generate + score on demand)
+  async_source.py `AsyncSource`: the collector thread feeding the age-bounded buffer
+  age_buffer.py   `AgeBoundedBuffer`: scored groups between collector and trainer, age-bounded
+  loop.py         `grpo_train`: the one loop over a trajectory source
 """

@@ -8,6 +8,7 @@ integration issue; these fakes implement the same seams faithfully enough to cat
   FakeSynchronizer moves the policy's named weights into the generator and measures a canary.
   math_config      configs/math.py cut down for these fakes (sync loop; the async tests add theirs).
   FirstDigitEnv    a reward a bigram policy can learn.
+  run_grpo         `grpo_train` with the source and losses the config selects, as the runner does.
 """
 from __future__ import annotations
 
@@ -206,3 +207,17 @@ class FakeSynchronizer:
   @property
   def version(self) -> int:
     return self._version
+
+
+def run_grpo(config, *, policy, generator, synchronizer, env, tokenizer, train_tasks, val_tasks, workdir,
+             **kw):
+  """`grpo_train` wired as the runner wires it: the source `config` selects (sync or async) and
+  the losses of the policy's backend."""
+  from dockyard import policy_factory
+  from dockyard.grpo.loop import grpo_train
+  from dockyard.grpo.source import make_source
+  source = make_source(config, generator=generator, env=env, tokenizer=tokenizer, train_tasks=train_tasks,
+                       synchronizer=synchronizer)
+  return grpo_train(config, source=source, policy=policy, generator=generator, synchronizer=synchronizer,
+                    env=env, tokenizer=tokenizer, train_tasks=train_tasks, val_tasks=val_tasks, workdir=workdir,
+                    losses=policy_factory.make_losses(config), **kw)

@@ -9,21 +9,20 @@ import asyncio
 import dataclasses
 import json
 import os
-import time
 
 import numpy as np
 import pytest
 
-from dockyard import estimators, validate
+from dockyard import estimators, policy_factory, validate
 from dockyard.envs.base import Reward
 from dockyard.envs.math import MathConfig, MathEnv
-from dockyard.grpo import checkpoints, loss_jax, sync_loop
+from dockyard.grpo import checkpoints, harness, loss_jax, step
 from dockyard.grpo.batch import Group, make_train_batch
 from dockyard.grpo.loss_spec import LossConfig
 from dockyard.grpo.sft import sft_warmup
 from dockyard.rollout.base import Completion
 
-from grpo_fakes import BigramGenerator, BigramPolicy, FakeSynchronizer, FirstDigitEnv, math_config
+from grpo_fakes import BigramGenerator, BigramPolicy, FakeSynchronizer, FirstDigitEnv, math_config, run_grpo
 
 
 def comp(tokens, lps, reason="stop"):
@@ -61,10 +60,8 @@ def test_score_groups_runs_concurrently_up_to_the_limit():
 
   env = SlowEnv(MathConfig(num_train=4, num_validation=0))
   groups = [Group(t, [1], [comp([], [])] * 4, texts=[str(t["answer"]), "x", "y", "z"]) for t in env.train]
-  t0 = time.perf_counter()
-  asyncio.run(sync_loop.score_groups(env, groups, max_in_flight=8))
-  assert time.perf_counter() - t0 < 0.16 * 4 / 2    # 16 x 50 ms serially would take 0.8 s
-  assert SlowEnv.peak == 8
+  asyncio.run(step.score_groups(env, groups, max_in_flight=8))
+  assert SlowEnv.peak == 8   # 8 scorings awaited at once, no more
   assert [[r.value for r in g.rewards] for g in groups] == [[1.0, 0.0, 0.0, 0.0]] * 4
 
 
@@ -74,7 +71,7 @@ def test_assign_advantages_drops_flat_groups_with_dynamic_sampling():
     return Group({"instance_id": "g"}, [1], [comp([1] * 3, [-1.0] * 3)] * len(values), rewards=rs)
   config = math_config(**{"grpo.dynamic_sampling": True, "grpo.reward_shaping.malformed_penalty": 0.5})
   groups = [group([1, 0, 0, 1]), group([0, 0, 0, 0]), group([0, 0, 0, 0], malformed=(0,))]
-  kept, stats = sync_loop.assign_advantages(groups, config)
+  kept, stats = step.assign_advantages(groups, config)
   # the third group is flat in raw reward but not after the malformed penalty: it is kept
   assert [id(g) for g in kept] == [id(groups[0]), id(groups[2])]
   assert stats["groups/zero_variance_fraction"] == pytest.approx(1 / 3)
@@ -84,19 +81,25 @@ def test_assign_advantages_drops_flat_groups_with_dynamic_sampling():
   np.testing.assert_allclose(groups[2].shaped, [-0.5, 0, 0, 0])
 
 
+def _alternating_reward_groups(gen, env, tokenizer, config, sampling=None):
+  """4 samples for each of env.train's prompts, rewarded 0, 1, 0, 1, with advantages set."""
+  sampling = sampling or step.SamplingParams(temperature=1.0, max_tokens=5)
+  groups = step.collect_groups(gen, env, tokenizer, env.train, 4, dataclasses.replace(sampling, seed=1))
+  for g in groups:
+    g.rewards = [Reward(float(i % 2)) for i in range(4)]
+  kept, _ = step.assign_advantages(groups, config)
+  return kept
+
+
 def test_train_on_groups_recomputes_prev_logprobs(tokenizer):
   policy = BigramPolicy(len(tokenizer), micro_batch_size=3)
   gen = BigramGenerator(np.asarray(policy.table), tokenizer.eos_token_id)
   env = MathEnv(MathConfig(num_train=4, num_validation=0))
   config = math_config()
-  groups = sync_loop.collect_groups(gen, env, tokenizer, env.train, 4,
-                                    sync_loop.SamplingParams(temperature=1.0, max_tokens=5, seed=1))
-  for g in groups:
-    g.rewards = [Reward(float(i % 2)) for i in range(4)]
-  kept, _ = sync_loop.assign_advantages(groups, config)
+  kept = _alternating_reward_groups(gen, env, tokenizer, config)
   before = np.asarray(policy.table).copy()
-  pg, _ = sync_loop.make_losses(config)
-  m = sync_loop.train_on_groups(policy, kept, pg, pad_id=tokenizer.pad_token_id, is_cap=2.0)
+  pg, _ = policy_factory.make_losses(config)
+  m = step.train_on_groups(policy, kept, pg, pad_id=tokenizer.pad_token_id, is_cap=2.0)
   # The generator sampled from the same weights in float64: ratio 1, IS weights ~1, nothing clipped.
   assert m["train/ratio_mean"] == pytest.approx(1.0, abs=1e-6)
   assert m["is/ratio_max"] == pytest.approx(1.0, abs=1e-4)
@@ -105,7 +108,7 @@ def test_train_on_groups_recomputes_prev_logprobs(tokenizer):
   assert m["train/sequences"] == 16
   assert not np.allclose(before, np.asarray(policy.table))
   with pytest.raises(ValueError, match="reference"):
-    sync_loop.train_on_groups(policy, kept, pg, pad_id=0, kl_coef=0.1)
+    step.train_on_groups(policy, kept, pg, pad_id=0, kl_coef=0.1)
 
 
 def test_the_loop_trains_at_the_sampling_temperature(tokenizer):
@@ -120,26 +123,24 @@ def test_the_loop_trains_at_the_sampling_temperature(tokenizer):
   reference = BigramPolicy(len(tokenizer))
   reference.table, ref_logprobs, ref_seen = policy.table, reference.logprobs, []
   reference.logprobs = lambda b: (ref_seen.append(b.temperature), ref_logprobs(b))[1]
-  settings = sync_loop.RunSettings.build(config, tokenizer, reference=reference)
+  settings = harness.RunSettings.build(config, tokenizer, policy_factory.make_losses(config),
+                                       reference=reference)
   assert settings.sampling.temperature == 0.7
   gen = BigramGenerator(np.asarray(policy.table), tokenizer.eos_token_id)
-  groups = sync_loop.collect_groups(gen, env, tokenizer, env.train, 4,
-                                    dataclasses.replace(settings.sampling, max_tokens=5, seed=1))
-  for g in groups:
-    g.rewards = [Reward(float(i % 2)) for i in range(4)]
-  kept, _ = sync_loop.assign_advantages(groups, config)
+  kept = _alternating_reward_groups(gen, env, tokenizer, config,
+                                    dataclasses.replace(settings.sampling, max_tokens=5))
   seen = []
   real_step = policy.train_step
   policy.train_step = lambda b, fn: (seen.append(b.temperature), real_step(b, fn))[1]
   raw_policy = BigramPolicy(len(tokenizer), micro_batch_size=3)
   raw_policy.table = policy.table
-  m = settings.train(policy, kept, reference)
+  m = step.update_policy(policy, kept, settings, reference)
   assert seen == [0.7, 0.7] and ref_seen == [0.7]   # both minibatches; the KL reference too
   assert m["is/ratio_min"] == pytest.approx(1.0, abs=1e-4)
   assert m["is/ratio_max"] == pytest.approx(1.0, abs=1e-4)
   assert m["train/sequences"] == 16
-  raw = sync_loop.train_on_groups(raw_policy, kept, settings.pg_loss, pad_id=0, is_cap=2.0,
-                                  kl_coef=settings.kl_coef, reference=reference, temperature=1.0)
+  raw = step.train_on_groups(raw_policy, kept, settings.pg_loss, pad_id=0, is_cap=2.0,
+                             kl_coef=settings.kl_coef, reference=reference, temperature=1.0)
   assert raw["is/logprob_abs_diff_mean"] > 0.1
 
 
@@ -148,23 +149,19 @@ def test_minibatches_take_one_step_each_against_the_batch_prev_logprobs(tokenize
   policy has moved since prev_logprobs were taken, so the ratio is no longer 1 (clipping can act)."""
   env = MathEnv(MathConfig(num_train=4, num_validation=0))
   config = math_config()
-  pg, _ = sync_loop.make_losses(config)
+  pg, _ = policy_factory.make_losses(config)
   policy = BigramPolicy(len(tokenizer), lr=0.5, micro_batch_size=3)
   gen = BigramGenerator(np.asarray(policy.table), tokenizer.eos_token_id)
-  groups = sync_loop.collect_groups(gen, env, tokenizer, env.train, 4,
-                                    sync_loop.SamplingParams(temperature=1.0, max_tokens=5, seed=1))
-  for g in groups:
-    g.rewards = [Reward(float(i % 2)) for i in range(4)]
-  kept, _ = sync_loop.assign_advantages(groups, config)
+  kept = _alternating_reward_groups(gen, env, tokenizer, config)
   ratios = []
   real_step = policy.train_step
   policy.train_step = lambda b, fn: (ratios.append(b.batch_size), real_step(b, fn))[1]
-  m = sync_loop.train_on_groups(policy, kept, pg, pad_id=tokenizer.pad_token_id, is_cap=2.0,
-                                num_minibatches=4)
+  m = step.train_on_groups(policy, kept, pg, pad_id=tokenizer.pad_token_id, is_cap=2.0,
+                           num_minibatches=4)
   assert policy.step == 4 and ratios == [4, 4, 4, 4] and m["train/minibatches"] == 4
   assert m["train/sequences"] == 16
   assert abs(m["train/ratio_mean"] - 1.0) > 1e-4     # the mean over the 4 steps: later ones moved
-  parts = sync_loop.split_rows(make_train_batch(kept, tokenizer.pad_token_id, 16), 3)
+  parts = step.split_rows(make_train_batch(kept, tokenizer.pad_token_id, 16), 3)
   assert [p.batch_size for p in parts] == [5, 5, 6]
   assert all(p.extras["advantages"].shape[0] == p.batch_size for p in parts)
   with pytest.raises(validate.ConfigError, match="num_minibatches"):
@@ -209,9 +206,9 @@ def test_grpo_train_learns_logs_checkpoints_and_resumes(tokenizer, tmp_path):
   env = FirstDigitEnv(MathConfig.from_config(config))
   policy, gen, sync = _parts(tokenizer)
   workdir = str(tmp_path / "run")
-  res = sync_loop.grpo_train(config, policy=policy, generator=gen, synchronizer=sync, env=env,
-                             tokenizer=tokenizer, train_tasks=env.train, val_tasks=env.validation,
-                             workdir=workdir, progress=False)
+  res = run_grpo(config, policy=policy, generator=gen, synchronizer=sync, env=env,
+                 tokenizer=tokenizer, train_tasks=env.train, val_tasks=env.validation,
+                 workdir=workdir, progress=False)
   rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
   steps = [r for r in rows if "reward/raw_mean" in r]
   assert [r["step"] for r in steps] == list(range(1, 13))
@@ -223,7 +220,7 @@ def test_grpo_train_learns_logs_checkpoints_and_resumes(tokenizer, tmp_path):
     assert key in steps[-1], key
   assert steps[-1]["refit/canary_max_abs_logprob_delta"] < 1e-5
   assert [r["step"] for r in rows if "val/reward_mean" in r] == [0, 4, 8, 12]
-  samples = [json.loads(line) for line in open(os.path.join(workdir, sync_loop.VAL_SAMPLES))]
+  samples = [json.loads(line) for line in open(os.path.join(workdir, harness.VAL_SAMPLES))]
   assert [r["step"] for r in samples] == [s for s in (0, 4, 8, 12) for _ in range(8)]
   by_step = {s: np.mean([r["reward"] for r in samples if r["step"] == s]) for s in (0, 4, 8, 12)}
   assert by_step == pytest.approx({r["step"]: r["val/reward_mean"] for r in rows if "val/reward_mean" in r})
@@ -249,9 +246,9 @@ def test_grpo_train_learns_logs_checkpoints_and_resumes(tokenizer, tmp_path):
   # Resume into the same workdir with more steps: starts after step 12 from the saved weights.
   config2 = math_config(**{"grpo.max_num_steps": 14})
   policy2, gen2, sync2 = _parts(tokenizer, seed=7)
-  res2 = sync_loop.grpo_train(config2, policy=policy2, generator=gen2, synchronizer=sync2, env=env,
-                              tokenizer=tokenizer, train_tasks=env.train, val_tasks=env.validation,
-                              workdir=workdir, progress=False)
+  res2 = run_grpo(config2, policy=policy2, generator=gen2, synchronizer=sync2, env=env,
+                  tokenizer=tokenizer, train_tasks=env.train, val_tasks=env.validation,
+                  workdir=workdir, progress=False)
   assert res2.resumed_from == 12 and policy2.step == 14
   assert sync2.calls[:3] == ["mark_stale", "sync_weights", "prepare_for_generation"]
   rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
@@ -263,32 +260,32 @@ def test_grpo_train_rejects_an_unknown_checkpoint_metric(tokenizer, tmp_path):
   env = MathEnv(MathConfig.from_config(config))
   policy, gen, sync = _parts(tokenizer)
   with pytest.raises(ValueError, match="checkpoint.metric 'val/resolve_rate'.*val/accuracy"):
-    sync_loop.grpo_train(config, policy=policy, generator=gen, synchronizer=sync, env=env, tokenizer=tokenizer,
-                         train_tasks=env.train, val_tasks=env.validation, workdir=str(tmp_path), progress=False)
+    run_grpo(config, policy=policy, generator=gen, synchronizer=sync, env=env, tokenizer=tokenizer,
+             train_tasks=env.train, val_tasks=env.validation, workdir=str(tmp_path), progress=False)
 
 
 def test_make_losses_follows_the_backend():
   config = math_config()
-  pg, nll = sync_loop.make_losses(config)
+  pg, nll = policy_factory.make_losses(config)
   assert nll is loss_jax.nll_loss and callable(pg)
   config.policy.backend = "torch"
   from dockyard.trainer_torch import loss as torch_loss
-  pg_t, nll_t = sync_loop.make_losses(config)
+  pg_t, nll_t = policy_factory.make_losses(config)
   assert nll_t is torch_loss.nll_loss and callable(pg_t)
   assert LossConfig.from_config(config).max_completion_tokens == 6
 
 
 def test_prompt_sampler_epochs_are_seeded_permutations():
   tasks = [{"instance_id": i} for i in range(5)]
-  s = sync_loop.PromptSampler(tasks, seed=3)
+  s = step.PromptSampler(tasks, seed=3)
   first = [t["instance_id"] for t in s.next(3) + s.next(3)]
   assert sorted(first[:5]) == [0, 1, 2, 3, 4] and s.state() == {"epoch": 1, "pos": 1}
-  again = sync_loop.PromptSampler(tasks, seed=3)
+  again = step.PromptSampler(tasks, seed=3)
   again.load({"epoch": 1, "pos": 1})
   assert again.next(4) == s.next(4)
-  assert [t["instance_id"] for t in sync_loop.PromptSampler(tasks, seed=3).next(12)][:6] == first
+  assert [t["instance_id"] for t in step.PromptSampler(tasks, seed=3).next(12)][:6] == first
   with pytest.raises(ValueError, match="no training tasks"):
-    sync_loop.PromptSampler([], seed=0)
+    step.PromptSampler([], seed=0)
 
 
 def test_gdpo_uses_the_env_reward_components():
@@ -300,7 +297,7 @@ def test_gdpo_uses_the_env_reward_components():
   async def score():
     return [await env.score(task, t) for t in texts]
   g = Group(task, [1], [comp([1], [-1.0])] * 4, texts=texts, rewards=asyncio.run(score()))
-  sync_loop.assign_advantages([g], config)
+  step.assign_advantages([g], config)
   z = lambda x: (np.array(x) - np.mean(x)) / np.std(x)
   # components: correct, format, and the shaping penalty (math config: malformed_penalty 0.2)
   np.testing.assert_allclose(g.advantages, z([1, 0, 0, 0]) + z([1, 0, 1, 1]) + z([0, -0.2, 0, 0]),
@@ -324,8 +321,8 @@ def test_kl_reference_is_the_policy_after_the_warm_start_and_survives_resume(tok
   workdir = str(tmp_path / "run")
   kw = dict(policy=policy, generator=gen, synchronizer=sync, env=env, tokenizer=tokenizer,
             train_tasks=env.train, val_tasks=env.validation, workdir=workdir, progress=False)
-  sync_loop.grpo_train(config, reference=make_reference, **kw)
-  snap = os.path.join(workdir, "checkpoints", sync_loop.REFERENCE_DIR, "bigram.npz")
+  run_grpo(config, reference=make_reference, **kw)
+  snap = os.path.join(workdir, "checkpoints", harness.REFERENCE_DIR, "bigram.npz")
   after_sft = np.load(snap)["table"]
   assert not np.allclose(after_sft, initial)            # the warm start moved the policy ...
   np.testing.assert_array_equal(np.asarray(built[0].table), after_sft)   # ... and the reference is it
@@ -335,7 +332,7 @@ def test_kl_reference_is_the_policy_after_the_warm_start_and_survives_resume(tok
   assert len(kls) == 3 and kls[-1] > 0
   # Resume with more steps: the reference comes back from the snapshot, not from the initial weights.
   config.grpo.max_num_steps = 4
-  sync_loop.grpo_train(config, reference=make_reference, **kw)
+  run_grpo(config, reference=make_reference, **kw)
   np.testing.assert_array_equal(np.asarray(built[1].table), after_sft)
   with pytest.raises(ValueError, match="reference"):
-    sync_loop.grpo_train(config, **kw)
+    run_grpo(config, **kw)

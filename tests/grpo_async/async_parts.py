@@ -17,17 +17,19 @@ def async_config(**over):
 
 class SlowGenerator(BigramGenerator):
   """The bigram sampler with a delay per call; call numbers in `hang_calls` sleep `hang_s`
-  instead (a hung engine), call `fail_on_call` raises (a broken one), and calls in
-  `straddle_calls` are still in flight when the next weight update arrives.
+  instead, or until `release` is set when one is given (a hung engine), call `fail_on_call`
+  raises (a broken one), and calls in `straddle_calls` are still in flight when the next weight
+  update arrives. `returned`: the numbers of the calls that have returned.
 
   Like the vLLM engine, a request runs on one set of weights: generation and weight loads take
   the same lock, so a load waits for the request in progress (in_flight_policy='finish').
   """
 
   def __init__(self, table, eos_id, delay=0.0, hang_calls=(), hang_s=3.0, fail_on_call=None,
-               straddle_calls=()):
+               straddle_calls=(), release: threading.Event | None = None):
     super().__init__(table, eos_id)
     self.delay, self.hang_calls, self.hang_s, self.fail_on_call = delay, set(hang_calls), hang_s, fail_on_call
+    self.release, self.returned = release, set()
     self.straddle_calls = set(straddle_calls)   # these wait for a weight update before sampling
     self._waiting = {}       # straddle call -> the version it started on, while it waits
     self._released = set()   # straddle calls whose weights changed and that have not returned yet
@@ -43,7 +45,10 @@ class SlowGenerator(BigramGenerator):
       if call == self.fail_on_call:
         raise RuntimeError("engine exploded on purpose")
       started_on = self._version
-      time.sleep(self.hang_s if call in self.hang_calls else self.delay)
+      if call in self.hang_calls and self.release is not None:
+        self.release.wait(self.hang_s)
+      else:
+        time.sleep(self.hang_s if call in self.hang_calls else self.delay)
       if call in self.straddle_calls:
         with self._count_lock:
           self._waiting[call] = started_on
@@ -60,6 +65,7 @@ class SlowGenerator(BigramGenerator):
     finally:
       with self._count_lock:
         self.finished += 1
+        self.returned.add(call)
         self._released.discard(call)
 
   def update_weights(self, named_tensors, version):

@@ -14,8 +14,7 @@ import numpy as np
 
 from async_parts import FirstDigitEnv, SlowGenerator, async_config
 from dockyard.envs.math import MathConfig
-from dockyard.grpo.async_loop import async_grpo_train
-from grpo_fakes import BigramPolicy, FakeSynchronizer
+from grpo_fakes import BigramPolicy, FakeSynchronizer, run_grpo
 
 
 def config_for(steps: int):
@@ -32,9 +31,9 @@ def main(tokenizer_dir: str, workdir: str, steps: int, delay: float):
   env = FirstDigitEnv(MathConfig.from_config(config))
   policy = BigramPolicy(len(tokenizer), lr=0.5, micro_batch_size=8)
   gen = SlowGenerator(np.asarray(policy.table), tokenizer.eos_token_id, delay=delay)
-  return async_grpo_train(config, policy=policy, generator=gen, synchronizer=FakeSynchronizer(policy, gen),
-                          env=env, tokenizer=tokenizer, train_tasks=env.train, val_tasks=env.validation,
-                          workdir=workdir, progress=False)
+  return run_grpo(config, policy=policy, generator=gen, synchronizer=FakeSynchronizer(policy, gen),
+                  env=env, tokenizer=tokenizer, train_tasks=env.train, val_tasks=env.validation,
+                  workdir=workdir, progress=False)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from async_parts import async_config
+from grpo_fakes import run_grpo
 
 
 def config_for(steps: int):
@@ -35,8 +36,7 @@ def build(config):
 
 def main(workdir: str, steps: int, parts=None):
   from dockyard.envs.math import MathConfig, MathEnv
-  from dockyard.grpo.async_loop import async_grpo_train
-  from dockyard.grpo.sync_loop import refit
+  from dockyard.grpo.step import refit
   from dockyard.refit.synchronizer import create_weight_synchronizer
   from dockyard.trainer_jax.policy import JaxPolicy
   config = config_for(steps)
@@ -45,9 +45,9 @@ def main(workdir: str, steps: int, parts=None):
   policy = JaxPolicy.from_hf(path, config)
   sync = create_weight_synchronizer(config, policy, engine)
   refit(sync)   # a shared engine may hold another run's weights
-  return async_grpo_train(config, policy=policy, generator=engine, synchronizer=sync, env=env,
-                          tokenizer=tokenizer, train_tasks=env.train, val_tasks=env.validation,
-                          workdir=workdir, progress=False)
+  return run_grpo(config, policy=policy, generator=engine, synchronizer=sync, env=env,
+                  tokenizer=tokenizer, train_tasks=env.train, val_tasks=env.validation,
+                  workdir=workdir, progress=False)
 
 
 if __name__ == "__main__":

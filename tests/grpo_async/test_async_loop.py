@@ -5,18 +5,18 @@ collector failure that reaches the trainer."""
 import asyncio
 import json
 import os
-import time
+import threading
 
 import numpy as np
 import pytest
 
 from async_parts import FirstDigitEnv, SlowGenerator, async_config
-from dockyard import validate
+from dockyard import policy_factory, validate
 from dockyard.envs.base import Reward
 from dockyard.envs.math import MathConfig, MathEnv
-from dockyard.grpo import async_loop, loss_spec, sync_loop
+from dockyard.grpo import async_source, loss_spec, step
 from dockyard.grpo.batch import make_train_batch
-from grpo_fakes import BigramPolicy, FakeSynchronizer
+from grpo_fakes import BigramPolicy, FakeSynchronizer, run_grpo
 
 
 def parts(tokenizer, seed=0, lr=0.5, **gen_kw):
@@ -28,11 +28,10 @@ def parts(tokenizer, seed=0, lr=0.5, **gen_kw):
 def run(config, tokenizer, workdir, env=None, **gen_kw):
   env = env or FirstDigitEnv(MathConfig.from_config(config))
   policy, gen, sync = parts(tokenizer, **gen_kw)
-  res = async_loop.async_grpo_train(config, policy=policy, generator=gen, synchronizer=sync, env=env,
-                                    tokenizer=tokenizer, train_tasks=env.train, val_tasks=env.validation,
-                                    workdir=str(workdir), progress=False)
+  res = run_grpo(config, policy=policy, generator=gen, synchronizer=sync, env=env, tokenizer=tokenizer,
+                 train_tasks=env.train, val_tasks=env.validation, workdir=str(workdir), progress=False)
   rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
-  log = [json.loads(line) for line in open(os.path.join(workdir, async_loop.ASYNC_LOG))]
+  log = [json.loads(line) for line in open(os.path.join(workdir, async_source.ASYNC_LOG))]
   assert log[0] == {"start": 0, "next_seq": 0, "pending": []}
   log = [row for row in log if "step" in row]
   return res, [r for r in rows if "reward/raw_mean" in r], log, (policy, gen, sync)
@@ -72,17 +71,17 @@ def test_importance_weights_are_against_the_generating_policy(tokenizer):
   config = async_config()
   env = MathEnv(MathConfig(num_train=4, num_validation=0))
   policy, gen, _ = parts(tokenizer, lr=0.5)
-  sampling = sync_loop.SamplingParams(temperature=1.0, max_tokens=5, seed=3)
-  old = sync_loop.collect_groups(gen, env, tokenizer, env.train[:2], 8, sampling)   # version 0 weights
-  fresh = sync_loop.collect_groups(gen, env, tokenizer, env.train[2:], 8, sampling)
+  sampling = step.SamplingParams(temperature=1.0, max_tokens=5, seed=3)
+  old = step.collect_groups(gen, env, tokenizer, env.train[:2], 8, sampling)   # version 0 weights
+  fresh = step.collect_groups(gen, env, tokenizer, env.train[2:], 8, sampling)
   for g in old + fresh:
     g.rewards = [Reward(float(i % 3 == 0)) for i in range(8)]
-  sync_loop.assign_advantages(old + fresh, config)
-  pg, _ = sync_loop.make_losses(config)
-  sync_loop.train_on_groups(policy, fresh, pg, pad_id=tokenizer.pad_token_id, is_cap=2.0)   # weights move on
-  batch = make_train_batch(old, tokenizer.pad_token_id, sync_loop.PAD_MULTIPLE)
+  step.assign_advantages(old + fresh, config)
+  pg, _ = policy_factory.make_losses(config)
+  step.train_on_groups(policy, fresh, pg, pad_id=tokenizer.pad_token_id, is_cap=2.0)   # weights move on
+  batch = make_train_batch(old, tokenizer.pad_token_id, step.PAD_MULTIPLE)
   prev = policy.logprobs(batch) * batch.loss_mask
-  m = sync_loop.train_on_groups(policy, old, pg, pad_id=tokenizer.pad_token_id, is_cap=2.0)
+  m = step.train_on_groups(policy, old, pg, pad_id=tokenizer.pad_token_id, is_cap=2.0)
   # the sampler's logprobs of the old weights went into the batch; w = min(exp(prev - gen), cap)
   gen_lp = batch.extras["generation_logprobs"]
   np.testing.assert_allclose(gen_lp[batch.loss_mask > 0],
@@ -110,10 +109,17 @@ SMALL = {"grpo.num_prompts_per_step": 2, "grpo.num_generations_per_prompt": 4, "
 
 
 def test_a_hung_rollout_is_dropped_without_stalling_training(tokenizer, tmp_path):
-  config = async_config(**SMALL, **{"grpo.async_grpo.rollout_timeout_s": 0.3})
-  t0 = time.perf_counter()
-  _, steps, log, _ = run(config, tokenizer, tmp_path, hang_calls={1}, hang_s=12.0)
-  assert time.perf_counter() - t0 < 10          # under the hung call's 12 s
+  # consume_in_order: step 1 trains on seqs 0 and 1 (the hung call's prompt) unless seq 1 is
+  # dropped, so the run cannot end before the timeout fires (on a fast machine it used to). The
+  # hung call is held until the run has returned: training went on without it.
+  config = async_config(**SMALL, **{"grpo.async_grpo.rollout_timeout_s": 0.3,
+                                    "grpo.async_grpo.consume_in_order": True})
+  release = threading.Event()
+  try:
+    _, steps, log, (_, gen, _) = run(config, tokenizer, tmp_path, hang_calls={1}, hang_s=60.0, release=release)
+    assert 1 not in gen.returned and 0 in gen.returned   # the hung call was still out when training ended
+  finally:
+    release.set()
   assert steps[-1]["buffer/dropped/timeout"] == 1 and steps[-1]["async/timeouts_rollout"] == 1
   dropped = [d for row in log for d in row["dropped"]]
   assert [d["reason"] for d in dropped] == ["timeout"] and dropped[0]["seq"] not in \
@@ -192,8 +198,8 @@ def test_requests_to_an_in_process_engine_are_batched(tokenizer, tmp_path):
   env = FirstDigitEnv(MathConfig.from_config(config))
   policy = BigramPolicy(len(tokenizer), lr=0.5, micro_batch_size=16)
   gen = BatchingGenerator(np.asarray(policy.table), tokenizer.eos_token_id, delay=0.05)
-  async_loop.async_grpo_train(config, policy=policy, generator=gen, synchronizer=FakeSynchronizer(policy, gen),
-                              env=env, tokenizer=tokenizer, train_tasks=env.train, val_tasks=env.validation,
-                              workdir=str(tmp_path), progress=False)
+  run_grpo(config, policy=policy, generator=gen, synchronizer=FakeSynchronizer(policy, gen), env=env,
+           tokenizer=tokenizer, train_tasks=env.train, val_tasks=env.validation, workdir=str(tmp_path),
+           progress=False)
   assert policy.step == 3 and sum(gen.batch_sizes) >= 6
   assert max(gen.batch_sizes) > 1      # groups in flight together went to the engine as one batch

@@ -6,9 +6,10 @@ import json
 import numpy as np
 
 from dockyard.envs.math import MathConfig, MathEnv
-from dockyard.grpo import async_loop
-from dockyard.grpo.sync_loop import refit
+from dockyard.grpo import async_source
+from dockyard.grpo.step import refit
 from dockyard.refit.synchronizer import create_weight_synchronizer
+from grpo_fakes import run_grpo
 
 
 def test_async_grpo_on_jax_trainer_and_vllm(real_parts, tmp_path):
@@ -22,9 +23,8 @@ def test_async_grpo_on_jax_trainer_and_vllm(real_parts, tmp_path):
     policy = JaxPolicy.from_hf(path, c)
     sync = create_weight_synchronizer(c, policy, engine)
     refit(sync)   # the shared engine starts from this policy's weights
-    res = async_loop.async_grpo_train(c, policy=policy, generator=engine, synchronizer=sync, env=env,
-                                      tokenizer=tokenizer, train_tasks=env.train, val_tasks=env.validation,
-                                      workdir=str(tmp_path), progress=False)
+    res = run_grpo(c, policy=policy, generator=engine, synchronizer=sync, env=env, tokenizer=tokenizer,
+                   train_tasks=env.train, val_tasks=env.validation, workdir=str(tmp_path), progress=False)
     return res, policy
 
   c_age = config.grpo.async_grpo.max_trajectory_age_steps
@@ -39,6 +39,6 @@ def test_async_grpo_on_jax_trainer_and_vllm(real_parts, tmp_path):
     assert np.isfinite(r["train/is_weight_mean"]) and r["async/age_max"] <= c_age
     # vLLM fp32 vs the JAX trainer on fresh groups: the sampler's logprobs are the generating policy's
     assert r["is/logprob_abs_diff_mean"] < (0.5 if r["async/age_max"] else 1e-2)
-  log = [json.loads(line) for line in open(tmp_path / async_loop.ASYNC_LOG)]
+  log = [json.loads(line) for line in open(tmp_path / async_source.ASYNC_LOG)]
   trained = [s for row in log if "seqs" in row for s in row["seqs"]]
   assert len(trained) == len(set(trained)) == 6

@@ -3,7 +3,7 @@
 The killed-and-resumed history (per step: the prompt seqs and ids trained on, the last record of
 each step winning, since steps after the last checkpoint are redone) must equal the history of
 an uninterrupted run. `consume_in_order=True` makes that history independent of which
-generation finished first; the replay buffer, the pending prompts, the sampler position and the
+generation finished first; the age-bounded buffer, the pending prompts, the sampler position and the
 weight version all come back from the checkpoint.
 """
 import json
@@ -14,7 +14,7 @@ import sys
 import time
 
 import run_async_fake
-from dockyard.grpo.async_loop import ASYNC_LOG
+from dockyard.grpo.async_source import ASYNC_LOG
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))

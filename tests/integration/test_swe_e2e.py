@@ -13,9 +13,12 @@ import os
 import numpy as np
 import pytest
 
+from dockyard import policy_factory
 from dockyard.grpo.batch import encode_prompt
+from dockyard.grpo.loop import grpo_train
 from dockyard.grpo.sft import sft_warmup
-from dockyard.grpo.sync_loop import grpo_train, make_losses, refit
+from dockyard.grpo.source import SyncSource
+from dockyard.grpo.step import refit
 from dockyard.policy import TrainBatch
 from tests.integration.swe_parts import parts  # noqa: F401 — the session fixture
 
@@ -42,7 +45,7 @@ def _trainer_logprobs(parts, ids) -> np.ndarray:
 def test_sft_then_grpo_on_sandbox_rewards(parts, tmp_path):
   tasks = parts.train_tasks[:2]
   c = parts.config
-  pg_loss, nll = make_losses(c)
+  pg_loss, nll = policy_factory.make_losses(c)
   history = sft_warmup(parts.policy, parts.env, parts.tokenizer, tasks, steps=SFT_STEPS, batch_size=2,
                        lr=3e-3, loss_fn=nll, pad_multiple=16)
   assert history[-1]["loss"] < history[0]["loss"]
@@ -50,9 +53,11 @@ def test_sft_then_grpo_on_sandbox_rewards(parts, tmp_path):
   probe = _probe(parts, tasks[0])
   before = _engine_logprobs(parts, probe)
 
-  result = grpo_train(c, policy=parts.policy, generator=parts.generator, synchronizer=parts.synchronizer,
-                      env=parts.env, tokenizer=parts.tokenizer, train_tasks=tasks, val_tasks=[],
-                      workdir=str(tmp_path), losses=(pg_loss, nll), progress=False)
+  source = SyncSource(c, generator=parts.generator, env=parts.env, tokenizer=parts.tokenizer, train_tasks=tasks)
+  result = grpo_train(c, source=source, policy=parts.policy, generator=parts.generator,
+                      synchronizer=parts.synchronizer, env=parts.env, tokenizer=parts.tokenizer,
+                      train_tasks=tasks, val_tasks=[], workdir=str(tmp_path), losses=(pg_loss, nll),
+                      progress=False)
   assert result.steps == c.grpo.max_num_steps
 
   rows = [json.loads(line) for line in open(os.path.join(tmp_path, "metrics.jsonl"))]

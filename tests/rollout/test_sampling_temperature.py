@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from dockyard.grpo.batch import Group, make_train_batch
-from dockyard.grpo.sync_loop import importance_stats
+from dockyard.grpo.step import importance_stats
 from dockyard.policy import TrainBatch
 from dockyard.refit.canary import RefitCanary
 from dockyard.rollout.base import SamplingParams

@@ -1,4 +1,4 @@
-"""The replay buffer on its own: back-pressure, age bound, ordering, checkpoint state, close."""
+"""The age-bounded buffer on its own: back-pressure, age bound, ordering, checkpoint state, close."""
 import threading
 import time
 
@@ -7,8 +7,8 @@ import pytest
 from async_parts import async_config
 from dockyard.envs.base import Reward
 from dockyard.grpo.batch import Group
-from dockyard.grpo.replay_buffer import BufferClosed, ReplayBuffer, capacity_in_groups, group_version
-from dockyard.grpo.sync_loop import PromptSampler
+from dockyard.grpo.age_buffer import AgeBoundedBuffer, BufferClosed, capacity_in_groups, group_version
+from dockyard.grpo.step import PromptSampler
 from dockyard.rollout.base import Completion
 
 TASKS = [{"instance_id": f"t{i}", "answer": i} for i in range(6)]
@@ -22,7 +22,7 @@ def group(task, version=0, token_versions=None):
 
 
 def test_reserve_blocks_when_full_and_resumes_after_take():
-  buf = ReplayBuffer(PromptSampler(TASKS, seed=1), capacity=3, max_age=1, per_step=2)
+  buf = AgeBoundedBuffer(PromptSampler(TASKS, seed=1), capacity=3, max_age=1, per_step=2)
   got = [buf.reserve(timeout=0) for _ in range(3)]
   assert [s for s, _ in got] == [0, 1, 2]
   assert buf.reserve(timeout=0.05) is None            # pending counts against the capacity
@@ -42,7 +42,7 @@ def test_reserve_blocks_when_full_and_resumes_after_take():
 
 
 def test_groups_older_than_the_age_bound_are_dropped_and_counted():
-  buf = ReplayBuffer(PromptSampler(TASKS), capacity=6, max_age=1, per_step=2, version=0)
+  buf = AgeBoundedBuffer(PromptSampler(TASKS), capacity=6, max_age=1, per_step=2, version=0)
   seqs = [buf.reserve()[0] for _ in range(4)]
   assert buf.put(seqs[0], group(TASKS[0]), 0)
   buf.set_version(1)
@@ -58,7 +58,7 @@ def test_groups_older_than_the_age_bound_are_dropped_and_counted():
 
 
 def test_the_collector_does_not_run_ahead_of_what_the_age_bound_can_train():
-  buf = ReplayBuffer(PromptSampler(TASKS * 3), capacity=10, max_age=1, per_step=2, version=0)
+  buf = AgeBoundedBuffer(PromptSampler(TASKS * 3), capacity=10, max_age=1, per_step=2, version=0)
   got = [buf.reserve(timeout=0) for _ in range(5)]
   # version 0, age <= 1: only steps 1 and 2 (2 groups each) can still use a group started now
   assert [g[0] for g in got[:4]] == [0, 1, 2, 3] and got[4] is None
@@ -75,12 +75,12 @@ def test_the_collector_does_not_run_ahead_of_what_the_age_bound_can_train():
 
 
 def test_take_in_order_waits_for_the_lowest_outstanding_prompts():
-  buf = ReplayBuffer(PromptSampler(TASKS), capacity=4, max_age=5, per_step=2)
+  buf = AgeBoundedBuffer(PromptSampler(TASKS), capacity=4, max_age=5, per_step=2)
   seqs = [buf.reserve()[0] for _ in range(3)]
   buf.put(seqs[1], group(TASKS[1]), 0)
   buf.put(seqs[2], group(TASKS[2]), 0)
   assert [e.seq for e in buf.take(2)] == [1, 2]       # whatever is ready
-  buf2 = ReplayBuffer(PromptSampler(TASKS), capacity=4, max_age=5, per_step=2)
+  buf2 = AgeBoundedBuffer(PromptSampler(TASKS), capacity=4, max_age=5, per_step=2)
   seqs = [buf2.reserve()[0] for _ in range(3)]
   buf2.put(seqs[1], group(TASKS[1]), 0)
   buf2.put(seqs[2], group(TASKS[2]), 0)
@@ -96,12 +96,12 @@ def test_take_in_order_waits_for_the_lowest_outstanding_prompts():
 def test_state_round_trip_restores_ready_groups_and_redoes_pending_prompts():
   import json
   sampler = PromptSampler(TASKS, seed=3)
-  buf = ReplayBuffer(sampler, capacity=5, max_age=2, per_step=1, version=4)
+  buf = AgeBoundedBuffer(sampler, capacity=5, max_age=2, per_step=1, version=4)
   reserved = [buf.reserve() for _ in range(4)]
   buf.put(reserved[1][0], group(reserved[1][1], 3, token_versions=[3, 4]), 3)
   buf.put(reserved[3][0], group(reserved[3][1], 4), 4)
   state = json.loads(json.dumps(buf.state()))         # it must survive JSON
-  fresh = ReplayBuffer(PromptSampler(TASKS, seed=3), capacity=5, max_age=2, per_step=1)
+  fresh = AgeBoundedBuffer(PromptSampler(TASKS, seed=3), capacity=5, max_age=2, per_step=1)
   fresh.load(state)
   assert fresh.version == 4 and sorted(fresh.ready) == [1, 3] and sorted(fresh.pending) == [0, 2]
   restored = fresh.ready[1].group
@@ -116,7 +116,7 @@ def test_state_round_trip_restores_ready_groups_and_redoes_pending_prompts():
 
 
 def test_close_wakes_a_waiting_trainer_with_the_collector_error():
-  buf = ReplayBuffer(PromptSampler(TASKS), capacity=2, max_age=1, per_step=1)
+  buf = AgeBoundedBuffer(PromptSampler(TASKS), capacity=2, max_age=1, per_step=1)
   threading.Timer(0.1, lambda: buf.close(RuntimeError("boom"))).start()
   with pytest.raises(BufferClosed, match="boom"):
     buf.take(1)
@@ -135,4 +135,4 @@ def test_group_version_is_the_oldest_token_and_capacity_is_checked():
   with pytest.raises(ValueError, match="replay_buffer_size=24"):
     capacity_in_groups(config)
   with pytest.raises(ValueError, match="capacity must be >= 1"):
-    ReplayBuffer(PromptSampler(TASKS), capacity=0, max_age=1, per_step=1)
+    AgeBoundedBuffer(PromptSampler(TASKS), capacity=0, max_age=1, per_step=1)

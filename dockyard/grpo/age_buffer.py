@@ -1,4 +1,6 @@
-"""The async GRPO replay buffer: scored groups wait here between the collector and the trainer.
+"""The age-bounded buffer of async GRPO: scored groups wait here between the collector and the trainer.
+
+Nothing is replayed: each group trains once, or is dropped when it grows too old.
 
 Every prompt the collector dispatches gets a sequence number (`seq`, its position in the prompt
 stream) and is *pending* until its group comes back generated and scored; then it is *ready*.
@@ -62,12 +64,12 @@ def _group_from_json(d: Mapping[str, Any]) -> Group:
                rewards=[Reward(**r) for r in d["rewards"]])
 
 
-class ReplayBuffer:
+class AgeBoundedBuffer:
   """Age-bounded, size-bounded store of scored groups; thread-safe (collector thread + trainer)."""
 
   def __init__(self, sampler, capacity: int, max_age: int, per_step: int, version: int = 0):
     if capacity < 1:
-      raise ValueError(f"replay buffer capacity must be >= 1 group, got {capacity} "
+      raise ValueError(f"buffer capacity must be >= 1 group, got {capacity} "
                        "(grpo.async_grpo.replay_buffer_size is in trajectories: at least one group)")
     if max_age < 0:
       raise ValueError(f"grpo.async_grpo.max_trajectory_age_steps must be >= 0, got {max_age}")
@@ -209,7 +211,7 @@ class ReplayBuffer:
   def _check_open(self) -> None:
     if self._closed:
       err = self._closed if isinstance(self._closed, BaseException) else None
-      raise BufferClosed("the replay buffer is closed" + (f": collector failed: {err!r}" if err else "")) from err
+      raise BufferClosed("the buffer is closed" + (f": collector failed: {err!r}" if err else "")) from err
 
   def _room(self) -> bool:
     out = len(self.pending) + len(self.ready)

@@ -1,13 +1,14 @@
-"""Asynchronous GRPO, `async_grpo_train`: generation and scoring run ahead while the trainer trains.
+"""The asynchronous trajectory source: generation and scoring run ahead while the trainer trains.
 
-A collector thread runs an asyncio loop that keeps the replay buffer fed: it reserves the next
-prompt (blocking while the buffer is full), generates its group (the fleet's awaitable
+A collector thread runs an asyncio loop that keeps the age-bounded buffer fed: it reserves the
+next prompt (blocking while the buffer is full), generates its group (the fleet's awaitable
 `agenerate`, or `generate` on a worker thread), scores it, and puts it in the buffer tagged with
 the weight version that generated it; up to the buffer's capacity groups are in flight at once.
-The trainer loop takes `num_prompts_per_step` ready groups, runs the same step pieces as the sync
-loop (`assign_advantages`, `train_on_groups` with the importance-sampling correction against the
-generating policy's logprobs, `refit`), advances the buffer's version (evicting groups older than
-`max_trajectory_age_steps`), validates and checkpoints the async state with the policy.
+`AsyncSource.take` hands the loop `num_prompts_per_step` ready groups; the loop trains on them
+with the importance-sampling correction against the generating policy's logprobs;
+`around_refit` registers the new weight version (pausing the collector when configured) and
+advances the buffer's version (evicting groups older than `max_trajectory_age_steps`); `state()`
+is the buffer's consistent snapshot (sampler, pending, ready) that a checkpoint keeps.
 
 Weight versions here are logical: the number of GRPO optimizer steps behind the weights. The
 engine's own counter restarts with the engine, so `VersionMap` translates (engine version ->
@@ -36,24 +37,22 @@ from __future__ import annotations
 import asyncio
 import bisect
 import concurrent.futures
+import contextlib
 import dataclasses
 import logging
 import os
 import threading
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from dockyard import workdir as workdir_lib
-from dockyard.grpo import checkpoints
+from dockyard.grpo.age_buffer import AgeBoundedBuffer, BufferClosed, Entry, capacity_in_groups, group_version
 from dockyard.grpo.batch import Group, encode_prompt
-from dockyard.grpo.replay_buffer import BufferClosed, ReplayBuffer, capacity_in_groups, group_version
-from dockyard.grpo.sync_loop import (Progress, PromptSampler, RunSettings, TrainResult, Validator, _decode,
-                                     VAL_SAMPLES, _timed, assign_advantages, finish_run, refit, resolve_reference, rollout_stats, score_groups,
-                                     start_run)
-from dockyard.policy import LossFn, Policy
-from dockyard.rollout.base import Generator
+from dockyard.grpo.harness import max_in_flight, sampling_params, timed
+from dockyard.grpo.step import PromptSampler, decode, rollout_stats, score_groups
+from dockyard.rollout.base import Generator, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -101,17 +100,17 @@ class CollectorStats:
 
 
 class Collector:
-  """The trajectory collector: a thread with its own asyncio loop feeding the replay buffer."""
+  """The trajectory collector: a thread with its own asyncio loop feeding the age-bounded buffer."""
 
-  def __init__(self, config, *, generator: Generator, env, tokenizer, buffer: ReplayBuffer,
-               settings: RunSettings, versions: VersionMap):
+  def __init__(self, config, *, generator: Generator, env, tokenizer, buffer: AgeBoundedBuffer,
+               sampling: SamplingParams, versions: VersionMap):
     a = config.grpo.async_grpo
     self.generator, self.env, self.tokenizer, self.buffer = generator, env, tokenizer, buffer
-    self.settings, self.versions = settings, versions
+    self.sampling, self.versions, self.max_in_flight = sampling, versions, max_in_flight(config)
     self.n = int(config.grpo.num_generations_per_prompt)
     self.seed = int(config.run.seed)
     self.rollout_timeout, self.score_timeout = float(a.rollout_timeout_s), float(a.score_timeout_s)
-    self.on_timeout, self.policy = str(a.on_timeout), str(a.in_flight_policy)
+    self.on_timeout, self.in_flight_policy = str(a.on_timeout), str(a.in_flight_policy)
     self.stats = CollectorStats()
     self.error: BaseException | None = None
     self.generating = 0
@@ -210,7 +209,7 @@ class Collector:
       self._idle.notify_all()
 
   async def _generate(self, prompt: list[int], seq: int, attempt: int):
-    sampling = dataclasses.replace(self.settings.sampling,
+    sampling = dataclasses.replace(self.sampling,
                                    seed=(self.seed * 1_000_003 + seq * 101 + attempt) % (2 ** 31))
     while not self._open.is_set():   # re-checked: a waiter woken before a pause must not start
       await self._open.wait()
@@ -279,7 +278,7 @@ class Collector:
       if len(completions) != self.n:
         raise RuntimeError(f"generator returned {len(completions)} completions for n={self.n}")
       engine_versions = {v for c in completions for v in (c.token_weight_versions or [c.weight_version])}
-      if self.policy == "abort" and engine_versions | {self.generator.weight_version} != {submitted_on}:
+      if self.in_flight_policy == "abort" and engine_versions | {self.generator.weight_version} != {submitted_on}:
         self.stats.resubmitted += 1   # the weights changed while it was in flight: do it again
         continue
       break
@@ -288,11 +287,11 @@ class Collector:
     self.stats.generated_tokens += sum(len(c.token_ids) for c in completions)
     self.stats.generate_s += gen_s
     group = Group(task=task, prompt_ids=prompt, completions=list(completions),
-                  texts=[_decode(self.tokenizer, c) for c in completions])
+                  texts=[decode(self.tokenizer, c) for c in completions])
     for attempt in range(MAX_ATTEMPTS if self.on_timeout == "retry" else 1):
       t0 = time.perf_counter()
       try:
-        await asyncio.wait_for(score_groups(self.env, [group], self.settings.max_in_flight), self.score_timeout)
+        await asyncio.wait_for(score_groups(self.env, [group], self.max_in_flight), self.score_timeout)
         break
       except TimeoutError:
         self.stats.timeouts_score += 1
@@ -303,116 +302,102 @@ class Collector:
     self.buffer.put(seq, group, group_version(group, self.versions))
 
 
-def async_grpo_train(config, *, policy: Policy, generator: Generator, synchronizer, env, tokenizer,
-                     train_tasks: Sequence[Mapping[str, Any]], val_tasks: Sequence[Mapping[str, Any]],
-                     workdir: str, reference: Policy | Callable[[], Policy] | None = None,
-                     losses: tuple[LossFn, LossFn] | None = None, progress: bool = True) -> TrainResult:
-  """Async GRPO for `config.grpo.max_num_steps` steps; resumes (async state included) from
-  workdir/checkpoints. Same arguments and result as `sync_loop.grpo_train`."""
-  g, ck, a = config.grpo, config.checkpoint, config.grpo.async_grpo
-  if not config.loss_fn.use_importance_sampling_correction:
-    raise ValueError("config.loss_fn.use_importance_sampling_correction: async GRPO trains on groups "
-                     "from older weights and needs the correction; set it to True")
-  settings = RunSettings.build(config, tokenizer, reference, losses)
-  ckpt_root = os.path.join(workdir, "checkpoints")
-  os.makedirs(ckpt_root, exist_ok=True)
-  writer = workdir_lib.MetricWriter(workdir, tensorboard=config.logging.tensorboard)
-  sampler = PromptSampler(train_tasks, seed=config.data.shuffle_seed)
-  in_order = bool(a.get("consume_in_order", False))
-  collector = None
-  metrics: dict[str, float] = {}
-  state = None
-  try:
-    start, state = start_run(config, policy=policy, synchronizer=synchronizer, env=env, tokenizer=tokenizer,
-                             train_tasks=train_tasks, writer=writer, nll=settings.nll, ckpt_root=ckpt_root)
-    reference = resolve_reference(config, policy, reference, ckpt_root,
-                                  warm_started=g.sft_warmup.steps > 0)
-    versions = VersionMap(synchronizer.version, start)
-    buffer = ReplayBuffer(sampler, capacity_in_groups(config), int(a.max_trajectory_age_steps),
-                          int(g.num_prompts_per_step), version=start)
+class AsyncSource:
+  """Groups from the collector via the age-bounded buffer (see the module docstring)."""
+  name = "async grpo"
+
+  def __init__(self, config, *, generator: Generator, env, tokenizer, train_tasks: Sequence[Mapping[str, Any]],
+               synchronizer):
+    if not config.loss_fn.use_importance_sampling_correction:
+      raise ValueError("config.loss_fn.use_importance_sampling_correction: async GRPO trains on groups "
+                       "from older weights and needs the correction; set it to True")
+    a = config.grpo.async_grpo
+    self.config, self.generator, self.env, self.tokenizer = config, generator, env, tokenizer
+    self.synchronizer = synchronizer
+    self.sampler = PromptSampler(train_tasks, seed=config.data.shuffle_seed)
+    self.per_step, self.in_order = int(config.grpo.num_prompts_per_step), bool(a.get("consume_in_order", False))
+    self.pause_for_refit = not a.in_flight_weight_updates
+    self.collector: Collector | None = None
+    self.entries: list[Entry] = []   # what the current step took
+
+  def start(self, workdir: str, step: int, state: Mapping[str, Any] | None) -> None:
+    a = self.config.grpo.async_grpo
+    self.log_path = os.path.join(workdir, ASYNC_LOG)
+    self.versions = VersionMap(self.synchronizer.version, step)
+    self.buffer = AgeBoundedBuffer(self.sampler, capacity_in_groups(self.config), int(a.max_trajectory_age_steps),
+                                   self.per_step, version=step)
     if state is not None:
       if "buffer" not in state:
-        raise ValueError(f"{ckpt_root}/latest was written by the sync loop (no async state); resume it "
+        raise ValueError(f"{workdir}/checkpoints/latest was written by a sync run (no async state); resume it "
                          "with grpo.async_grpo.enabled=False or start a fresh workdir")
-      buffer.load(state["buffer"])
-    collector = Collector(config, generator=generator, env=env, tokenizer=tokenizer, buffer=buffer,
-                          settings=settings, versions=versions)
-    validator = Validator(config, policy, generator, env, tokenizer, val_tasks, settings, ckpt_root,
-                          collector.run_coro, samples_path=os.path.join(workdir, VAL_SAMPLES))
-    workdir_lib.append_jsonl(os.path.join(workdir, ASYNC_LOG), [dict(start=start, next_seq=buffer.next_seq,
-                                                                      pending=sorted(buffer.pending))])
-    collector.start()
-    if g.val_at_start and start == 0 and validator.tasks:
-      writer.write(0, validator(0))
+      self.buffer.load(state["buffer"])
+    self.collector = Collector(self.config, generator=self.generator, env=self.env, tokenizer=self.tokenizer,
+                               buffer=self.buffer, sampling=sampling_params(self.config), versions=self.versions)
+    workdir_lib.append_jsonl(self.log_path, [dict(start=step, next_seq=self.buffer.next_seq,
+                                                  pending=sorted(self.buffer.pending))])
+    self.collector.start()
+    self._t_last = None   # perf/tokens_per_s counts from the first take (after any validation at start)
 
-    bar = Progress(progress, g.max_num_steps, start, "async grpo")
-    t_last, tokens_last = time.perf_counter(), collector.stats.generated_tokens
-    for step in range(start + 1, g.max_num_steps + 1):
-      times: dict[str, float] = {}
-      t_step = time.perf_counter()
-      with _timed(times, "wait"):
-        entries = buffer.take(g.num_prompts_per_step, in_order=in_order)
-      groups = [e.group for e in entries]
-      kept, metrics = assign_advantages(groups, config)
-      metrics.update(rollout_stats(groups, float("nan")))
-      ages = np.array([step - 1 - e.version for e in entries], np.float64)
-      metrics.update({"async/age_mean": float(ages.mean()), "async/age_max": float(ages.max())})
-      if kept:
-        with _timed(times, "train"):
-          metrics.update(settings.train(policy, kept, reference))
-        with _timed(times, "refit"):
-          if not a.in_flight_weight_updates:
-            collector.pause()
-          # WeightSynchronizer pushes version + 1; registered first so a group that finishes on
-          # the new weights before this thread returns is not aged as the old ones.
-          versions.add(synchronizer.version + 1, step)
-          metrics.update(refit(synchronizer))
-          versions.add(synchronizer.version, step)
-          buffer.set_version(step)
-          if not a.in_flight_weight_updates:
-            collector.resume()
-      else:   # every group was flat and dynamic sampling dropped them all: the weights stay
-        metrics["train/skipped"] = 1.0
-        buffer.skip(len(entries))
-      s = collector.stats
-      now = time.perf_counter()
-      metrics.update({"weight_version": float(synchronizer.version), "async/version": float(buffer.version),
-                      "async/resubmitted": float(s.resubmitted), "async/straddled_completions": float(s.straddled),
-                      "async/timeouts_rollout": float(s.timeouts_rollout),
-                      "async/timeouts_score": float(s.timeouts_score),
-                      "async/engine_busy_s": s.engine_busy_s, "async/score_busy_s": s.score_s,
-                      "time/generate": s.generate_s / max(s.generated_groups, 1),   # per-group latency
-                      "time/score": s.score_s / max(s.generated_groups, 1),
-                      "perf/tokens_per_s": (s.generated_tokens - tokens_last) / max(now - t_last, 1e-9)})
-      t_last, tokens_last = now, s.generated_tokens
-      metrics.update(buffer.metrics())
-      dropped = buffer.drain_dropped()
-      if validator.due(step):
-        metrics.update(validator(step))
-      workdir_lib.append_jsonl(os.path.join(workdir, ASYNC_LOG), [dict(
-          step=step, seqs=[e.seq for e in entries], instance_ids=[e.group.task.get("instance_id") for e in entries],
-          versions=[e.version for e in entries], dropped=dropped)])
-      if ck.enabled and (step % ck.save_period == 0 or step == g.max_num_steps):
-        with _timed(times, "checkpoint"):
-          async_state = buffer.state()   # one consistent snapshot: sampler, pending, ready
-          checkpoints.save_latest(ckpt_root, policy.save, dict(step=step, sampler=async_state["sampler"],
-                                                               buffer=async_state))
-      times["time/step"] = time.perf_counter() - t_step
-      metrics.update(times)
-      writer.write(step, metrics)
-      bar.update(step, metrics)
-    bar.close()
-  except BufferClosed as e:
-    raise RuntimeError(f"async GRPO: the trajectory collector failed: {collector.error!r}") from (
-        collector.error or e)
-  finally:
-    writer.close()
-    if collector is not None:
-      collector.stop()
-    else:
-      loop = asyncio.new_event_loop()
+  def run(self, coro):
+    return self.collector.run_coro(coro)
+
+  def take(self, step: int) -> tuple[list[Group], dict[str, float]]:
+    times: dict[str, float] = {}
+    if self._t_last is None:
+      self._t_last, self._tokens_last = time.perf_counter(), self.collector.stats.generated_tokens
+    with timed(times, "wait"):
       try:
-        loop.run_until_complete(env.close())
-      finally:
-        loop.close()
-  return finish_run(config, workdir, start, metrics, validator, resumed=state is not None)
+        self.entries = self.buffer.take(self.per_step, in_order=self.in_order)
+      except BufferClosed as e:
+        raise RuntimeError(f"async GRPO: the trajectory collector failed: {self.collector.error!r}") from (
+            self.collector.error or e)
+    groups = [e.group for e in self.entries]
+    ages = np.array([step - 1 - e.version for e in self.entries], np.float64)
+    return groups, {**rollout_stats(groups, float("nan")), "async/age_mean": float(ages.mean()),
+                    "async/age_max": float(ages.max()), **times}
+
+  @contextlib.contextmanager
+  def around_refit(self, step: int):
+    if self.pause_for_refit:
+      self.collector.pause()
+    # WeightSynchronizer pushes version + 1; registered first so a group that finishes on the
+    # new weights before this thread returns is not aged as the old ones.
+    self.versions.add(self.synchronizer.version + 1, step)
+    yield
+    self.versions.add(self.synchronizer.version, step)
+    self.buffer.set_version(step)
+    if self.pause_for_refit:
+      self.collector.resume()
+
+  def after_step(self, step: int, trained: bool) -> dict[str, float]:
+    if not trained:   # the weights stayed: the taken groups must not use up the staleness allowance
+      self.buffer.skip(len(self.entries))
+    s, now = self.collector.stats, time.perf_counter()
+    out = {"async/version": float(self.buffer.version),
+           "async/resubmitted": float(s.resubmitted), "async/straddled_completions": float(s.straddled),
+           "async/timeouts_rollout": float(s.timeouts_rollout), "async/timeouts_score": float(s.timeouts_score),
+           "async/engine_busy_s": s.engine_busy_s, "async/score_busy_s": s.score_s,
+           "time/generate": s.generate_s / max(s.generated_groups, 1),   # per-group latency
+           "time/score": s.score_s / max(s.generated_groups, 1),
+           "perf/tokens_per_s": (s.generated_tokens - self._tokens_last) / max(now - self._t_last, 1e-9),
+           **self.buffer.metrics()}
+    self._t_last, self._tokens_last = now, s.generated_tokens
+    taken = self.entries
+    workdir_lib.append_jsonl(self.log_path, [dict(
+        step=step, seqs=[e.seq for e in taken], instance_ids=[e.group.task.get("instance_id") for e in taken],
+        versions=[e.version for e in taken], dropped=self.buffer.drain_dropped())])
+    return out
+
+  def state(self) -> dict:
+    buffer_state = self.buffer.state()   # one consistent snapshot: sampler, pending, ready
+    return dict(sampler=buffer_state["sampler"], buffer=buffer_state)
+
+  def close(self) -> None:
+    if self.collector is not None:
+      self.collector.stop()   # closes the env on the collector's loop, where its clients live
+      return
+    loop = asyncio.new_event_loop()
+    try:
+      loop.run_until_complete(self.env.close())
+    finally:
+      loop.close()

@@ -1,0 +1,276 @@
+"""What surrounds the GRPO steps in `loop.grpo_train`, whichever trajectory source feeds them.
+
+  RunSettings        what the run derives from the config once: losses, KL / IS settings,
+                     padding, sampling (training and validation), scoring concurrency
+  Validator          validation every `grpo.val_period` steps (val/* metrics, val_samples.jsonl)
+                     and the best-k checkpoints it feeds
+  start_run          resume from checkpoints/latest, or SFT warm start; refit when either moved
+                     the weights
+  resolve_reference  the KL penalty's reference policy (the policy after the warm start)
+  save_latest        checkpoints/latest with the step and the source's state
+  Progress           the tqdm bar (or log lines) with the live step summary
+  finish_run         the curves PNG and the `TrainResult` the runner reports
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import math
+import os
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from dockyard import estimators
+from dockyard import workdir as workdir_lib
+from dockyard.grpo import checkpoints
+from dockyard.grpo.sft import sft_warmup
+from dockyard.grpo.step import PAD_MULTIPLE, collect_groups, refit, score_groups
+from dockyard.policy import LossFn, Policy
+from dockyard.rollout.base import Generator, SamplingParams
+
+log = logging.getLogger(__name__)
+VAL_SAMPLES = "val_samples.jsonl"   # in the workdir: each validation's completions, one JSON per task
+REFERENCE_DIR = "reference"   # under checkpoints/: the KL reference's weights (the policy after the warm start)
+
+
+@contextlib.contextmanager
+def timed(times: dict, key: str):
+  """Adds the block's wall time to `times["time/<key>"]`."""
+  t0 = time.perf_counter()
+  try:
+    yield
+  finally:
+    times[f"time/{key}"] = times.get(f"time/{key}", 0.0) + time.perf_counter() - t0
+
+
+@dataclasses.dataclass
+class TrainResult:
+  steps: int                        # GRPO steps done (including resumed ones)
+  last_metrics: dict[str, float]
+  val_history: list[dict[str, float]]
+  best: dict | None                 # best-k entry {step, value, path} or None
+  resumed_from: int | None          # the step resumed from, None on a fresh start
+
+
+def sampling_params(config) -> SamplingParams:
+  """How training groups are sampled (`rollout.*`); every source starts from these."""
+  r = config.rollout
+  return SamplingParams(temperature=r.temperature, top_p=r.top_p, max_tokens=r.max_new_tokens)
+
+
+def max_in_flight(config) -> int:
+  """How many scorings may await at once (`env.code.max_in_flight`; 64 for envs without one)."""
+  return int(config.env.code.max_in_flight) if "code" in config.env else 64
+
+
+@dataclasses.dataclass
+class RunSettings:
+  """What the run derives from the config before the first step."""
+  pg_loss: LossFn
+  nll: LossFn
+  kl_coef: float
+  is_cap: float | None
+  pad_id: int
+  max_in_flight: int
+  sampling: SamplingParams
+  val_sampling: SamplingParams
+  num_minibatches: int = 1
+
+  @classmethod
+  def build(cls, config, tokenizer, losses: tuple[LossFn, LossFn],
+            reference: Policy | Callable[[], Policy] | None = None) -> "RunSettings":
+    """`losses`: (clipped-PG loss, SFT NLL) in the policy's array type, from
+    `policy_factory.make_losses(config)`: the loop never picks a backend."""
+    pg_loss, nll = losses
+    kl_coef = float(config.loss_fn.reference_policy_kl_penalty)
+    if kl_coef != 0 and reference is None:
+      raise ValueError("loss_fn.reference_policy_kl_penalty != 0 needs a reference policy "
+                       "(reference=a Policy, or a callable that builds one from the initial checkpoint)")
+    is_cap = (float(config.loss_fn.truncated_importance_sampling_ratio)
+              if config.loss_fn.use_importance_sampling_correction else None)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    r = config.rollout
+    return cls(pg_loss=pg_loss, nll=nll, kl_coef=kl_coef, is_cap=is_cap, pad_id=pad_id,
+               max_in_flight=max_in_flight(config), sampling=sampling_params(config),
+               val_sampling=SamplingParams(temperature=r.val_temperature, top_p=1.0,
+                                           max_tokens=r.max_new_tokens, seed=config.run.seed),
+               num_minibatches=int(config.grpo.num_minibatches))
+
+
+def success_of(env) -> Callable[[Any], bool]:
+  """The env's "this completion solves the task" test (reward >= 1 for envs without one)."""
+  return getattr(env, "is_success", None) or (lambda r: r.value >= 1.0)
+
+
+def pass_at_1_metrics(env, rewards: Sequence[Any]) -> dict[str, float]:
+  """val/pass@1 of one sample per task (greedy at val_temperature 0) and its 95% Wilson interval."""
+  ok = success_of(env)
+  wins = sum(bool(ok(r)) for r in rewards)
+  lo, hi = estimators.wilson_interval(wins, len(rewards))
+  return {"val/pass@1": wins / max(len(rewards), 1), "val/pass@1_ci95_lo": lo, "val/pass@1_ci95_hi": hi}
+
+
+def run_validation(generator: Generator, env, tokenizer, tasks: Sequence[Mapping[str, Any]],
+                   sampling: SamplingParams, loop: asyncio.AbstractEventLoop | Callable,
+                   max_in_flight: int = 64, samples: list | None = None) -> dict[str, float]:
+  """One completion per held-out task at the validation temperature; `val/*` metrics.
+
+  `loop` runs the scoring coroutine: an event loop, or a callable taking the coroutine (a
+  trajectory source's `run`: the env's clients live on its event loop). `samples`, when given,
+  receives one record per task: instance id, completion text, reward, malformed, reason.
+  """
+  groups = collect_groups(generator, env, tokenizer, tasks, 1, sampling)
+  run = loop if callable(loop) else loop.run_until_complete
+  run(score_groups(env, groups, max_in_flight))
+  rewards = [g.rewards[0] for g in groups]
+  if samples is not None:
+    for g, r in zip(groups, rewards):
+      samples.append(dict(instance_id=str(g.task.get("instance_id", "")), completion=g.texts[0],
+                          reward=float(r.value), success=bool(success_of(env)(r)), malformed=bool(r.malformed),
+                          reason=str(r.info.get("reason", ""))))
+  out = {"val/reward_mean": float(np.mean([r.value for r in rewards])),
+         "val/malformed_fraction": float(np.mean([r.malformed for r in rewards])),
+         "val/completion_len_mean": float(np.mean([len(g.completions[0].token_ids) for g in groups]))}
+  out.update(pass_at_1_metrics(env, rewards))
+  if hasattr(env, "validation_metrics"):
+    out.update({f"val/{k}": float(v) for k, v in env.validation_metrics(rewards).items()})
+  return out
+
+
+class Validator:
+  """Validation every `val_period` steps and the best-k checkpoints it feeds."""
+
+  def __init__(self, config, policy: Policy, generator: Generator, env, tokenizer,
+               val_tasks: Sequence[Mapping[str, Any]], settings: RunSettings, ckpt_root: str, run_coro,
+               samples_path: str | None = None):
+    self.samples_path = samples_path   # val_samples.jsonl: every validation's completions, by step
+    self.config, self.policy, self.generator, self.env, self.tokenizer = config, policy, generator, env, tokenizer
+    self.tasks = list(val_tasks)[:config.grpo.max_val_samples]
+    self.settings, self.run_coro = settings, run_coro
+    ck = config.checkpoint
+    self.best = checkpoints.BestK(ckpt_root, ck.keep_top_k, ck.metric_mode)
+    self.history: list[dict] = []
+
+  def due(self, step: int) -> bool:
+    p = self.config.grpo.val_period
+    return bool(self.tasks) and p > 0 and step % p == 0
+
+  def __call__(self, step: int) -> dict:
+    ck, times = self.config.checkpoint, {}
+    samples: list[dict] = []
+    with timed(times, "validate"):
+      val = run_validation(self.generator, self.env, self.tokenizer, self.tasks, self.settings.val_sampling,
+                           self.run_coro, self.settings.max_in_flight, samples=samples)
+    if self.samples_path:
+      workdir_lib.append_jsonl(self.samples_path, ({"step": step, **rec} for rec in samples))
+    val.update(times)
+    self.history.append({"step": step, **val})
+    if ck.enabled:
+      if ck.metric not in val:
+        raise ValueError(f"config.checkpoint.metric {ck.metric!r} is not a validation metric of "
+                         f"env {self.config.env.name!r}; it reports {sorted(val)}")
+      val["checkpoint/saved_best"] = float(self.best.offer(step, val[ck.metric], self.policy.save))
+    return val
+
+
+def resolve_reference(config, policy: Policy, reference: Policy | Callable[[], Policy] | None,
+                      ckpt_root: str, warm_started: bool) -> Policy | None:
+  """The reference policy of the KL penalty, or None when the penalty is 0.
+
+  `reference` is a Policy (used as is) or a callable building one from the initial checkpoint.
+  The reference is the policy GRPO starts from: after an SFT warm start, its weights are saved to
+  checkpoints/reference/ (through `Policy.save`) and loaded into the built one, also on resume.
+  """
+  if float(config.loss_fn.reference_policy_kl_penalty) == 0 or reference is None:
+    return None
+  if not callable(reference) or isinstance(reference, Policy):
+    return reference
+  snapshot = os.path.join(ckpt_root, REFERENCE_DIR)
+  if warm_started and not os.path.isdir(snapshot):
+    policy.save(snapshot)
+  built = reference()
+  if os.path.isdir(snapshot):
+    built.restore(snapshot)
+  return built
+
+
+def start_run(config, *, policy: Policy, synchronizer, env, tokenizer, train_tasks, writer, nll: LossFn,
+              ckpt_root: str) -> tuple[int, dict | None]:
+  """Resumes from ckpt_root/latest or warm-starts with SFT, then refits the engine if the policy
+  changed; returns (start step, the resumed loop_state or None)."""
+  g = config.grpo
+  latest = checkpoints.load_latest(ckpt_root) if config.checkpoint.enabled else None
+  if latest is not None:
+    path, state = latest
+    policy.restore(path)
+    log.info("resumed from %s at step %d", path, int(state["step"]))
+  elif g.sft_warmup.steps > 0:
+    sw = g.sft_warmup
+    sft_warmup(policy, env, tokenizer, train_tasks, steps=sw.steps, batch_size=sw.batch_size, lr=sw.lr,
+               loss_fn=nll, seed=config.run.seed, pad_multiple=PAD_MULTIPLE,
+               on_step=lambda i, m: writer.write(i, {f"sft/{k}": v for k, v in m.items()}))
+  if latest is not None or g.sft_warmup.steps > 0:
+    refit(synchronizer)   # the engine still holds the initial weights
+  return (int(latest[1]["step"]), latest[1]) if latest is not None else (0, None)
+
+
+def save_due(config, step: int) -> bool:
+  ck = config.checkpoint
+  return bool(ck.enabled) and (step % ck.save_period == 0 or step == config.grpo.max_num_steps)
+
+
+def save_latest(ckpt_root: str, policy: Policy, step: int, source_state: Mapping[str, Any]) -> None:
+  """checkpoints/latest: the policy and loop_state.json = {step, **the source's state}."""
+  checkpoints.save_latest(ckpt_root, policy.save, dict(step=step, **source_state))
+
+
+def _live_line(step: int, m: Mapping[str, float]) -> str:
+  def f(key, fmt="{:.3f}"):
+    v = m.get(key)
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v)
+  return (f"step {step} reward {f('reward/raw_mean')} zero-var {f('groups/zero_variance_fraction', '{:.2f}')} "
+          f"clip {f('train/clip_fraction')} len {f('rollout/completion_len_mean', '{:.1f}')} "
+          f"gen {f('time/generate', '{:.1f}')}s train {f('time/train', '{:.1f}')}s "
+          f"refit {f('time/refit', '{:.1f}')}s")
+
+
+class Progress:
+  """A tqdm bar (or log lines) with the live step summary."""
+
+  def __init__(self, enabled: bool, total: int, initial: int, desc: str):
+    self.bar = None
+    if enabled:
+      from tqdm import tqdm
+      self.bar = tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True)
+
+  def update(self, step: int, metrics: Mapping[str, float]) -> None:
+    line = _live_line(step, metrics)
+    if self.bar is None:
+      log.info(line)
+    else:
+      self.bar.set_postfix_str(line.split(" ", 2)[2], refresh=False)
+      self.bar.update(1)
+
+  def close(self) -> None:
+    if self.bar is not None:
+      self.bar.close()
+
+
+def finish_run(config, workdir: str, start: int, metrics: dict, validator, *, resumed: bool) -> TrainResult:
+  """The end of a run: the curves PNG and the result the runner reports."""
+  plot_run(config, workdir)
+  return TrainResult(steps=max(start, int(config.grpo.max_num_steps)), last_metrics=metrics,
+                     val_history=validator.history, best=validator.best.best,
+                     resumed_from=start if resumed else None)
+
+
+def plot_run(config, workdir: str) -> None:
+  if config.logging.png_curve and os.path.exists(os.path.join(workdir, "metrics.jsonl")):
+    workdir_lib.plot_curves(os.path.join(workdir, "metrics.jsonl"), os.path.join(workdir, "curves.png"),
+                            ("reward/raw_mean", config.checkpoint.metric, "groups/zero_variance_fraction",
+                             "train/clip_fraction", "rollout/completion_len_mean"),
+                            title=config.run.name)

@@ -1,0 +1,83 @@
+"""`grpo_train`: the one GRPO loop, over whichever trajectory source the runner built.
+
+Set-up (resume or SFT warm start, the KL reference, the source's start), then per step: the
+source hands over scored groups -> advantages (dynamic sampling may drop flat groups) ->
+one policy update -> the weights pushed to the engines (inside the source's `around_refit`) ->
+validation and checkpoints when due -> one metrics row; then teardown. Synchronous or
+asynchronous GRPO differ only in the source (`dockyard.grpo.source`); the step pieces are in
+`step.py`, the settings / validator / checkpoints / progress around them in `harness.py`.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+from dockyard import workdir as workdir_lib
+from dockyard.grpo import harness
+from dockyard.grpo.harness import RunSettings, TrainResult, Validator, timed
+from dockyard.grpo.source import TrajectorySource
+from dockyard.grpo.step import assign_advantages, refit, update_policy
+from dockyard.policy import LossFn, Policy
+from dockyard.rollout.base import Generator
+
+
+def grpo_train(config, *, source: TrajectorySource, policy: Policy, generator: Generator, synchronizer, env,
+               tokenizer, train_tasks: Sequence[Mapping[str, Any]], val_tasks: Sequence[Mapping[str, Any]],
+               workdir: str, losses: tuple[LossFn, LossFn],
+               reference: Policy | Callable[[], Policy] | None = None, progress: bool = True) -> TrainResult:
+  """GRPO for `config.grpo.max_num_steps` steps on the groups `source` supplies; resumes from
+  workdir/checkpoints (the source's state included).
+
+  `generator` and `env` serve validation; `train_tasks` the SFT warm start; `losses` is
+  (clipped-PG loss, SFT NLL) for the policy's backend (`policy_factory.make_losses`);
+  `reference` (needed when the KL penalty is on): see `harness.resolve_reference`.
+  """
+  g = config.grpo
+  settings = RunSettings.build(config, tokenizer, losses, reference)
+  ckpt_root = os.path.join(workdir, "checkpoints")
+  os.makedirs(ckpt_root, exist_ok=True)
+  writer = workdir_lib.MetricWriter(workdir, tensorboard=config.logging.tensorboard)
+  validator = Validator(config, policy, generator, env, tokenizer, val_tasks, settings, ckpt_root, source.run,
+                        samples_path=os.path.join(workdir, harness.VAL_SAMPLES))
+  metrics: dict[str, float] = {}
+  try:
+    start, state = harness.start_run(config, policy=policy, synchronizer=synchronizer, env=env,
+                                     tokenizer=tokenizer, train_tasks=train_tasks, writer=writer,
+                                     nll=settings.nll, ckpt_root=ckpt_root)
+    reference = harness.resolve_reference(config, policy, reference, ckpt_root,
+                                          warm_started=g.sft_warmup.steps > 0)
+    source.start(workdir, start, state)
+    if g.val_at_start and start == 0 and validator.tasks:
+      writer.write(0, validator(0))
+
+    bar = harness.Progress(progress, g.max_num_steps, start, source.name)
+    for step in range(start + 1, g.max_num_steps + 1):
+      times: dict[str, float] = {}
+      t_step = time.perf_counter()
+      groups, rollout = source.take(step)
+      kept, metrics = assign_advantages(groups, config)
+      metrics.update(rollout)
+      if kept:
+        with timed(times, "train"):
+          metrics.update(update_policy(policy, kept, settings, reference))
+        with timed(times, "refit"), source.around_refit(step):
+          metrics.update(refit(synchronizer))
+      else:   # every group was flat and dynamic sampling dropped them all: nothing to learn
+        metrics["train/skipped"] = 1.0
+      metrics["weight_version"] = float(synchronizer.version)
+      metrics.update(source.after_step(step, trained=bool(kept)))
+      if validator.due(step):
+        metrics.update(validator(step))
+      if harness.save_due(config, step):
+        with timed(times, "checkpoint"):
+          harness.save_latest(ckpt_root, policy, step, source.state())
+      times["time/step"] = time.perf_counter() - t_step
+      metrics.update(times)
+      writer.write(step, metrics)
+      bar.update(step, metrics)
+    bar.close()
+  finally:
+    writer.close()
+    source.close()
+  return harness.finish_run(config, workdir, start, metrics, validator, resumed=state is not None)
