@@ -105,11 +105,11 @@ def view(args):
   start, end = _int(args, "start", 1), _int(args, "end", None)
   if start < 1:
     raise ToolError(f"start: lines are numbered from 1, got {start}")
+  if start > max(len(lines), 1):
+    raise ToolError(f"start: {start} is past the end of {rel!r} ({len(lines)} lines)")
   end = len(lines) if end is None or end == -1 else end
   if end < start:
     raise ToolError(f"end: {end} is before start {start}")
-  if start > max(len(lines), 1):
-    raise ToolError(f"start: {start} is past the end of {rel!r} ({len(lines)} lines)")
   end = min(end, len(lines), start + MAX_VIEW_LINES - 1)
   text = _numbered(lines[start - 1:end], start)
   truncated = len(text) > MAX_OUTPUT_CHARS
