@@ -2,7 +2,6 @@
 checkout, bad requests as 4xx, bounded output, timeouts, DELETE killing a running command, the
 reaper, and a restart answering 410 while a verdict already returned stays readable."""
 import asyncio
-import os
 
 import httpx
 import pytest
@@ -11,28 +10,9 @@ from dockyard.sandbox import synthetic as rf
 from dockyard.sandbox.client import SandboxClient, SessionLost, SessionToolError
 from dockyard.sandbox.local import free_port, start_local_executor
 from dockyard.sandbox.sessions import SessionLimits
+from tests.sandbox.session_helpers import FIX, processes_with
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
-FIX = {"path": "calc/core.py", "old_str": "return a - b\n\n\ndef sub",
-       "new_str": "return a + b\n\n\ndef sub"}
-
-
-def processes_with(marker: str) -> list[str]:
-  """Live processes whose command line holds `marker` (other jobs on the machine do not)."""
-  out = []
-  for pid in os.listdir("/proc"):
-    try:
-      with open(f"/proc/{pid}/cmdline", "rb") as f:
-        cmd = f.read()
-      with open(f"/proc/{pid}/stat") as f:
-        state = f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-      continue
-    if marker.encode() in cmd and state != "Z" and int(pid) != os.getpid():
-      out.append(f"{pid} {cmd[:80]!r}")
-  return out
-
-
 async def test_session_exec_tools_and_submit_gold_resolves(server, workspace):
   task = rf.task(workspace["base"], "", instance_id="session-gold")
   async with SandboxClient([server.url]) as client:
