@@ -131,7 +131,8 @@ async def test_reaper_restart_and_verdicts_kept(workspace, tmp_path):
   port = free_port()
   kw = dict(slots=1, repos_dir=workspace["repos"], cache_dir=workspace["cache"], port=port,
             limits={"timeout_s": 6.0}, log_path=str(tmp_path / "server.log"))
-  handle = start_local_executor(sessions={"idle_s": 1.0, "lifetime_s": 600}, **kw)
+  handle = start_local_executor(sessions={"idle_s": 1.0, "lifetime_s": 600, "max_sessions": 1},
+                                **kw)
   try:
     async with SandboxClient([handle.url], retry_attempts=2) as client:
       idle = await client.open_session(rf.task(workspace["base"], ""))
@@ -151,6 +152,8 @@ async def test_reaper_restart_and_verdicts_kept(workspace, tmp_path):
       record = httpx.get(f"{handle.url}/task/{task_id}").json()
       assert record["verdict"] == verdict   # stored like any verdict, the session long gone
       live = await client.open_session(rf.task(workspace["base"], ""))
+      full = httpx.post(f"{handle.url}/session", json=rf.task(workspace["base"], ""))
+      assert full.status_code == 429 and "session limit" in full.json()["error"], full.text
       handle.kill()
       handle = start_local_executor(sessions={"idle_s": 600}, **kw)
       with pytest.raises(SessionLost, match="executor restarted"):
