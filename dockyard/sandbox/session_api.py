@@ -101,7 +101,10 @@ def add_session_routes(app: fastapi.FastAPI, manager: SessionManager, state) -> 
     if ids is None:   # the session stays: the client retries the submit
       raise SessionError(429, "the grading queue is full; retry the submit later")
     task_id = ids[0]
-    await manager.close(sid, f"submitted; its verdict is task {task_id} (GET /task/{task_id})")
+    try:
+      await manager.close(sid, f"submitted; its verdict is task {task_id} (GET /task/{task_id})")
+    except SessionError:
+      pass   # reaped or deleted meanwhile: the diff is queued all the same, answer with it
     manager.counters["sessions_submitted_total"] += 1
     rec = state.records[task_id]
     if wait > 0:

@@ -38,6 +38,7 @@ import collections
 import dataclasses
 import json
 import os
+import re
 import secrets
 import signal
 import sys
@@ -52,6 +53,7 @@ TOOLS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_session")
 TOOLS_MOUNT = "/dockyard/tools"
 BASE_GIT_MOUNT = "/dockyard/base.git"
 TOOLS = ("view", "edit", "create", "search")
+_ID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{24}$")   # boot id - session token
 _GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_COUNT": "1",
             "GIT_CONFIG_KEY_0": "safe.directory", "GIT_CONFIG_VALUE_0": "*",
             "GIT_TERMINAL_PROMPT": "0"}
@@ -170,7 +172,7 @@ class SessionManager:
       return s
     if sid in self.ended:
       raise SessionError(410, f"session {sid!r} is gone: {self.ended[sid]}")
-    if sid.split("-", 1)[0] != self.boot and "-" in sid:
+    if _ID_RE.match(sid) and not sid.startswith(self.boot + "-"):
       raise SessionError(410, f"session {sid!r} is gone: the executor restarted since it was "
                               "created (sessions do not survive a restart); start a new one")
     raise SessionError(404, f"session {sid!r}: unknown (never created on this executor)")
