@@ -178,3 +178,29 @@ async def test_session_limits_reject_bad_values():
   for field in ("max_sessions", "idle_s", "lifetime_s", "max_command_bytes"):
     with pytest.raises(ValueError, match=field):
       SessionLimits(**{field: 0})
+
+
+async def test_a_submitted_diff_is_regraded_elsewhere_when_its_executor_dies(workspace, tmp_path):
+  kw = dict(slots=1, repos_dir=workspace["repos"], cache_dir=workspace["cache"],
+            limits={"timeout_s": 6.0})
+  handles = [start_local_executor(log_path=str(tmp_path / f"s{i}.log"), **kw) for i in range(2)]
+  try:
+    async with SandboxClient([h.url for h in handles], retry_attempts=2,
+                             connect_timeout_s=1) as client:
+      s = await client.open_session(rf.task(workspace["base"], "", instance_id="failover"))
+      await s.tool("edit", **FIX)
+      pinned = next(h for h in handles if h.url == s.url)
+      request = client._request
+
+      async def kill_before_polling(method, url, **kw):
+        if method == "GET" and "/task/" in url and pinned.process.poll() is None:
+          pinned.kill()   # the executor grading this session's diff goes away
+        return await request(method, url, **kw)
+
+      client._request = kill_before_polling
+      verdict = await s.submit()
+      assert verdict["resolved"] and verdict["instance_id"] == "failover", verdict
+      assert client.resubmissions >= 1
+  finally:
+    for h in handles:
+      h.kill()
