@@ -54,7 +54,8 @@ def start_local_executor(slots: int = 1, repos_dir: str | None = None,
   port = port or free_port()
   argv = [sys.executable, "-m", "dockyard.sandbox.server", "--host", "127.0.0.1",
           "--port", str(port), "--slots", str(slots), "--queue-size", str(queue_size),
-          "--limits", json.dumps(dict(limits or {})), "--sessions", json.dumps(dict(sessions or {}))]
+          "--limits", json.dumps(dict(limits or {})),
+          "--sessions", json.dumps(dict(sessions or {}))]
   if repos_dir:
     argv += ["--repos-dir", repos_dir]
   if cache_dir:
