@@ -320,7 +320,11 @@ async def _exec(view: View, argv: list[str], env: dict, timeout_s: float, stdin:
   at, end = full.index("bwrap") + 1, full.index("prlimit")
   args_r = pipe_with(b"".join(a.encode() + b"\0" for a in full[at:end]))
   stdin_r = pipe_with(stdin)
-  cmd = view._nsenter() + full[:at] + ["--args", str(args_r)] + full[end:]
+  # As View.exec: nsenter enters the view's mount namespace and drops to the sandbox uid and gid
+  # with no supplementary groups; bwrap then runs unprivileged.
+  cmd = (["nsenter", f"--mount=/proc/{view._holder.pid}/ns/mnt",
+          f"--setuid={isolation.SANDBOX_UID}", f"--setgid={isolation.SANDBOX_UID}", "--"]
+         + full[:at] + ["--args", str(args_r)] + full[end:])
   start = time.monotonic()
   try:
     proc = await asyncio.create_subprocess_exec(
@@ -349,6 +353,7 @@ async def _exec(view: View, argv: list[str], env: dict, timeout_s: float, stdin:
       child = None
     if child:
       await isolation._kill_and_wait(child)
+      isolation._remember_if_alive(child)
   results = []
   for fut in outs:
     try:

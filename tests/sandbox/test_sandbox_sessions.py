@@ -22,7 +22,7 @@ async def test_session_exec_tools_and_submit_gold_resolves(server, workspace):
     # base checkout: the held-out test file (test_patch) is not there, one commit of history
     assert run["stdout"].split() == ["__init__.py", "test_calc.py", "1"], run
     assert run["stderr"] == "to-stderr\n" and not run["stdout_truncated"]
-    tests = await s.exec("python -m pytest -q -p no:cacheprovider tests", timeout_s=5)
+    tests = await s.exec("python -m pytest -q -p no:cacheprovider tests", timeout_s=6)
     assert tests["exit_code"] == 0 and "1 passed" in tests["stdout"], tests
     edited = await s.tool("edit", **FIX)
     assert edited["first_line"] == 2 and "return a + b" in edited["output"]
