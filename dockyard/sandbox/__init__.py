@@ -7,6 +7,8 @@
   executor.py   Executor.run(task) -> verdict: apply cascade, restore, canary, pytest, grading
   grading.py    per-test statuses from our pytest plugin (_plugin/), the SWE-bench rule, checks
   server.py     FastAPI executor server (:9090)      client.py  SandboxClient (httpx, failover)
+  sessions.py   live agent sessions (a held view, a bwrap per command, file tools, the diff);
+                session_api.py their /session routes; _session/ the in-sandbox file tools
   local.py      local_executor(): a server subprocess fleet.py   start_local_fleet(): Ray actors
   synthetic.py  a tiny synthetic repo + tasks, for tests and bench/sandbox.py
 """

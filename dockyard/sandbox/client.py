@@ -8,11 +8,18 @@ Each task goes to the executor with the fewest tasks in flight from this client.
 errors, 5xx and 429 are retried with exponential backoff (tenacity); when an executor stays
 unreachable, or forgets a task (404 after a restart), the task is resubmitted to another one.
 Every request has a timeout and every task an overall deadline.
+
+Agent sessions (`open_session` -> `AgentSession`: exec, tool, diff, submit, close) are pinned to
+the executor that made them: a session's files live there only, so when that executor restarts or
+stays unreachable the session is lost and `SessionLost` says so (no failover: start a new one).
+A submitted diff is kept by the client, so a verdict is never lost: if the grading executor goes
+away, the same diff is graded on another.
 """
 from __future__ import annotations
 
 import asyncio
 import random
+import re
 import time
 from typing import Any, Sequence
 
@@ -148,3 +155,153 @@ class SandboxClient:
   async def run_many(self, tasks: Sequence[dict[str, Any]]) -> list[dict]:
     """Grades all tasks concurrently (at most max_in_flight at once); verdicts in task order."""
     return list(await asyncio.gather(*(self.run(t) for t in tasks)))
+
+  # --- agent sessions (docs/agent-sessions.md) --------------------------------------------------
+
+  async def open_session(self, task: dict[str, Any]) -> "AgentSession":
+    """A live session for `task` on the least loaded executor that takes one. Creating fails over
+    like a task (nothing lives anywhere yet); the session is then pinned to that executor."""
+    tried: set[str] = set()
+    errors = []
+    while len(tried) < len(self.urls):
+      url = self._pick(tried)
+      tried.add(url)
+      try:
+        resp = await self._request("POST", f"{url}/session", json=task)
+      except (httpx.TransportError, _Retryable) as e:   # unreachable, 5xx, or full (429)
+        self._dead_until[url] = time.monotonic() + self.dead_cooldown_s
+        errors.append(f"{url}: {e}")
+        continue
+      if resp.status_code >= 400:
+        raise ValueError(f"executor refused a session for {task.get('instance_id')!r}: "
+                         f"HTTP {resp.status_code}: {resp.text[:500]}")
+      return AgentSession(self, url, resp.json(), task)
+    raise SandboxError(f"no executor could open a session: {'; '.join(errors)[:1000]}")
+
+
+class SessionLost(SandboxError):
+  """The session is gone (ended, reaped, its executor restarted or unreachable). Its files lived
+  on that one executor, so there is no failover: start a new session."""
+
+
+class SessionToolError(ValueError):
+  """A command or tool call the executor refused (bad path, edit not unique, bad timeout...): the
+  message is meant for the agent, as the tool's result."""
+
+
+class AgentSession:
+  """One live session, pinned to the executor that holds it. Only requests that never reached the
+  executor (connect errors) or were refused for load (429) are retried: a command may have run."""
+
+  def __init__(self, client: SandboxClient, url: str, info: dict, task: dict):
+    self.client, self.url, self.info, self.task = client, url, info, task
+    self.id = info["id"]
+    self._open = True
+    client._load[url] += 1
+
+  def _retrying(self):
+    return tenacity.AsyncRetrying(
+        retry=tenacity.retry_if_exception_type((httpx.ConnectError, httpx.ConnectTimeout,
+                                                _Retryable)),
+        wait=tenacity.wait_exponential_jitter(initial=0.2, max=5.0),
+        stop=tenacity.stop_after_attempt(self.client.retry_attempts), reraise=True)
+
+  async def _call(self, method: str, path: str, timeout_s: float = 120.0, **kw) -> dict:
+    url = f"{self.url}/session/{self.id}{path}"
+    try:
+      async for attempt in self._retrying():
+        with attempt:
+          resp = await self.client._http.request(method, url, timeout=timeout_s, **kw)
+          if resp.status_code == 429:
+            raise _Retryable(f"{method} {url}: HTTP 429: {resp.text[:200]}")
+    except (httpx.TransportError, _Retryable) as e:
+      raise SessionLost(f"session {self.id} on {self.url}: the executor did not answer "
+                        f"({type(e).__name__}: {e}); the session is lost") from e
+    if resp.status_code in (404, 410):
+      raise SessionLost(f"session {self.id} on {self.url}: {_message(resp)}")
+    if resp.status_code >= 500:
+      raise SessionLost(f"session {self.id} on {self.url}: executor error HTTP "
+                        f"{resp.status_code}: {_message(resp)}")
+    if resp.status_code >= 400:
+      raise SessionToolError(_message(resp))
+    return resp.json()
+
+  async def exec(self, command: str, timeout_s: float | None = None) -> dict:
+    """{"exit_code" (None on timeout), "timed_out", "stdout", "stderr", "*_truncated", ...}."""
+    body = {"command": command} if timeout_s is None else {"command": command, "timeout": timeout_s}
+    wait = (timeout_s or self.info.get("max_timeout_s", 600.0)) + 30.0
+    return await self._call("POST", "/exec", timeout_s=wait, json=body)
+
+  async def tool(self, name: str, **args) -> dict:
+    """view(path, start, end) | edit(path, old_str, new_str) | create(path, content, overwrite)
+    | search(pattern, path, regex, ignore_case, max_results) -> {"output", ...}."""
+    return await self._call("POST", f"/tools/{name}", json=args)
+
+  async def diff(self) -> str:
+    return (await self._call("POST", "/diff"))["patch"]
+
+  async def submit(self) -> dict:
+    """Grades the working tree's diff in a fresh checkout and returns the verdict (the shape of
+    `SandboxClient.run`). The session ends. Once the executor has the diff, the verdict is not
+    lost: if that executor goes away while grading, the same diff is graded on another one."""
+    try:
+      record = await self._call("POST", "/submit", json={"wait": 0})
+    except SessionLost:   # the answer was lost: a submitted session's 410 names its task
+      try:
+        gone = await self.client._http.get(f"{self.url}/session/{self.id}")
+      except httpx.TransportError:
+        raise SessionLost(f"session {self.id}: its executor {self.url} went away during the "
+                          "submit; the session and its diff are lost") from None
+      found = re.search(r"its verdict is task ([0-9a-f]+)", gone.text)
+      if gone.status_code != 410 or not found:
+        raise
+      record = {"id": found.group(1), "status": "queued", "patch": None}
+    finally:
+      self._release()
+    patch, task_id = record["patch"], record["id"]
+    deadline = time.monotonic() + self.client.request_timeout_s
+    while record["status"] != "done":
+      left = deadline - time.monotonic()
+      if left <= 0:
+        raise SandboxError(f"session {self.id}: no verdict within {self.client.request_timeout_s} s")
+      try:
+        resp = await self.client._request("GET", f"{self.url}/task/{task_id}",
+                                          params={"wait": min(self.client.wait_s, max(left, 0.1))})
+      except (httpx.TransportError, _Retryable):
+        resp = None
+      if (resp is None or resp.status_code == 404) and patch is not None:
+        # the executor is gone, the diff is here: grade it elsewhere
+        self.client.resubmissions += 1
+        return await self.client.run(dict(self.task, patch=patch))
+      if resp is None or resp.status_code == 404:
+        raise SandboxError(f"session {self.id}: its executor went away while grading")
+      resp.raise_for_status()
+      record = resp.json()
+    return record["verdict"]
+
+  async def close(self) -> None:
+    """Ends the session (DELETE); one already gone is not an error."""
+    try:
+      await self._call("DELETE", "")
+    except SessionLost:
+      pass
+    finally:
+      self._release()
+
+  def _release(self) -> None:
+    if self._open:   # an open session counts as load on its executor (see SandboxClient._pick)
+      self._open = False
+      self.client._load[self.url] -= 1
+
+  async def __aenter__(self):
+    return self
+
+  async def __aexit__(self, *exc):
+    await self.close()
+
+
+def _message(resp: httpx.Response) -> str:
+  try:
+    return str(resp.json().get("error", resp.text))[:1000]
+  except ValueError:
+    return resp.text[:1000]

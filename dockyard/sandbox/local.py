@@ -48,12 +48,14 @@ class LocalExecutor:
 def start_local_executor(slots: int = 1, repos_dir: str | None = None,
                          cache_dir: str | None = None, queue_size: int = 1024,
                          limits: dict | None = None, port: int | None = None,
-                         startup_timeout_s: float = 60.0, log_path: str | None = None
-                         ) -> LocalExecutor:
+                         startup_timeout_s: float = 60.0, log_path: str | None = None,
+                         sessions: dict | None = None) -> LocalExecutor:
+  """`limits`: Limits fields; `sessions`: SessionLimits fields (both JSON on the command line)."""
   port = port or free_port()
   argv = [sys.executable, "-m", "dockyard.sandbox.server", "--host", "127.0.0.1",
           "--port", str(port), "--slots", str(slots), "--queue-size", str(queue_size),
-          "--limits", json.dumps(dict(limits or {}))]
+          "--limits", json.dumps(dict(limits or {})),
+          "--sessions", json.dumps(dict(sessions or {}))]
   if repos_dir:
     argv += ["--repos-dir", repos_dir]
   if cache_dir:

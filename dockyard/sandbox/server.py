@@ -5,8 +5,9 @@
   POST /task/submit   a task or a list of tasks -> {"ids": [...]}; 429 when the queue is full
   GET  /task/{id}     {"id", "status": queued|running|done, "verdict"}; ?wait=S blocks up to S s
   POST /task/wait     {"ids": [...], "timeout": S} -> the same records once all are done (or S)
-  GET  /healthz       {"ok", "slots", "queued", "running"}
+  GET  /healthz       {"ok", "slots", "queued", "running", "sessions"}
   GET  /metrics       Prometheus text
+  /session...         live agent sessions (session_api.py; docs/agent-sessions.md)
 
 The queue is bounded (back-pressure: a batch that does not fit is refused whole with 429); at
 most `slots` tasks run at once; finished records are kept for the newest `keep_done` tasks only,
@@ -25,6 +26,8 @@ import uuid
 import fastapi
 from fastapi.responses import JSONResponse, PlainTextResponse
 
+from dockyard.sandbox.session_api import add_session_routes
+from dockyard.sandbox.sessions import SessionLimits, SessionManager
 from dockyard.sandbox.task import TaskError, parse_task
 
 MAX_WAIT_S = 300.0
@@ -53,6 +56,20 @@ class _State:
     self.counters = collections.Counter()
     self.busy_s = 0.0
     self.workers: list[asyncio.Task] = []
+
+  def enqueue(self, tasks: list) -> list[str] | None:
+    """Queues validated tasks whole, or none (None) when they do not all fit."""
+    if self.queue.maxsize - self.queue.qsize() < len(tasks):
+      self.counters["rejected_total"] += len(tasks)
+      return None
+    ids = []
+    for task in tasks:
+      task_id = uuid.uuid4().hex
+      self.records[task_id] = _Record(task)
+      self.queue.put_nowait(task_id)
+      ids.append(task_id)
+    self.counters["submitted_total"] += len(ids)
+    return ids
 
   async def worker(self) -> None:
     while True:
@@ -96,20 +113,28 @@ def _parse_body(raw: bytes):
     return _error(400, "body: JSON nested too deeply")
 
 
-def make_app(executor, queue_size: int = 1024, keep_done: int = 10000) -> fastapi.FastAPI:
-  """The FastAPI app around one `Executor`; its workers start with the app's lifespan."""
+def make_app(executor, queue_size: int = 1024, keep_done: int = 10000,
+             session_limits: SessionLimits | None = None) -> fastapi.FastAPI:
+  """The FastAPI app around one `Executor`; its workers (and the session reaper) start with the
+  app's lifespan."""
   if queue_size < 1:
     raise ValueError(f"queue_size: expected >= 1, got {queue_size}")
   state = _State(executor, queue_size, keep_done)
+  sessions = SessionManager(executor, session_limits)
 
   async def lifespan(app):
     state.workers = [asyncio.create_task(state.worker()) for _ in range(executor.slots)]
+    reaper = asyncio.create_task(sessions.reap_forever())
     yield
+    reaper.cancel()
+    await sessions.close_all()
     for w in state.workers:
       w.cancel()
 
   app = fastapi.FastAPI(title="dockyard sandbox executor", lifespan=lifespan)
   app.state.sandbox = state
+  app.state.sessions = sessions
+  add_session_routes(app, sessions, state)
 
   @app.post("/task/submit")
   async def submit(request: fastapi.Request):
@@ -125,17 +150,10 @@ def make_app(executor, queue_size: int = 1024, keep_done: int = 10000) -> fastap
       except TaskError as e:
         where = f"task[{i}] " if isinstance(body, list) else ""
         return _error(422, f"{where}{e}")
-    if state.queue.maxsize - state.queue.qsize() < len(tasks):
-      state.counters["rejected_total"] += len(tasks)
+    ids = state.enqueue(tasks)
+    if ids is None:
       return _error(429, f"queue full ({state.queue.qsize()}/{state.queue.maxsize} queued); "
                          "retry later")
-    ids = []
-    for task in tasks:
-      task_id = uuid.uuid4().hex
-      state.records[task_id] = _Record(task)
-      state.queue.put_nowait(task_id)
-      ids.append(task_id)
-    state.counters["submitted_total"] += len(ids)
     return {"ids": ids}
 
   @app.get("/task/{task_id}")
@@ -177,7 +195,7 @@ def make_app(executor, queue_size: int = 1024, keep_done: int = 10000) -> fastap
   @app.get("/healthz")
   async def healthz():
     return {"ok": True, "slots": executor.slots, "queued": state.queue.qsize(),
-            "running": executor.running}
+            "running": executor.running, "sessions": len(sessions.sessions)}
 
   @app.get("/metrics", response_class=PlainTextResponse)
   async def metrics():
@@ -191,6 +209,11 @@ def make_app(executor, queue_size: int = 1024, keep_done: int = 10000) -> fastap
     for name, value in gauges.items():
       lines.append(f"# TYPE dockyard_sandbox_{name} gauge")
       lines.append(f"dockyard_sandbox_{name} {value}")
+    for name, value in sorted(sessions.counters.items()):
+      lines.append(f"# TYPE dockyard_sandbox_{name} counter")
+      lines.append(f"dockyard_sandbox_{name} {value}")
+    lines.append("# TYPE dockyard_sandbox_sessions gauge")
+    lines.append(f"dockyard_sandbox_sessions {len(sessions.sessions)}")
     lines.append("# TYPE dockyard_sandbox_busy_seconds_total counter")
     lines.append(f"dockyard_sandbox_busy_seconds_total {state.busy_s:.3f}")
     return "\n".join(lines) + "\n"
@@ -210,11 +233,13 @@ def main(argv: list[str] | None = None) -> None:
   parser.add_argument("--repos-dir", default=None)
   parser.add_argument("--cache-dir", default=None)
   parser.add_argument("--limits", default="{}", help="JSON object of Limits fields")
+  parser.add_argument("--sessions", default="{}", help="JSON object of SessionLimits fields")
   args = parser.parse_args(argv)
   limits = Limits(**json.loads(args.limits))
   executor = Executor(repos_dir=args.repos_dir, cache_dir=args.cache_dir,
                       slots=args.slots or None, limits=limits)
-  app = make_app(executor, queue_size=args.queue_size)
+  app = make_app(executor, queue_size=args.queue_size,
+                 session_limits=SessionLimits(**json.loads(args.sessions)))
   uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 
 

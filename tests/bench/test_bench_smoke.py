@@ -34,7 +34,8 @@ def user_env() -> dict[str, str]:
 
 def test_benches_found():
   # a glob that matched nothing would make the smoke test below vacuous
-  assert {"async_vs_sync", "generate", "refit", "sandbox", "trainer"} <= set(BENCHES), BENCHES
+  assert {"agent_sessions", "async_vs_sync", "generate", "refit", "sandbox",
+          "trainer"} <= set(BENCHES), BENCHES
 
 
 # peer_trl's smoke (~1.5-2 min: two model sides) runs once, in test_peer_trl_smoke.py, which also
