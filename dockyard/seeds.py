@@ -30,13 +30,19 @@ def run_summary(workdir: str, metric: str) -> dict:
   if not os.path.exists(path):
     raise FileNotFoundError(f"{workdir}: no metrics.jsonl (is it a run's workdir?)")
   rows = workdir_lib.read_metrics(path)
-  vals = [(int(r["step"]), float(r[metric])) for r in rows if r.get(metric) is not None]
+  # A resumed run appends the steps after its checkpoint again: per step, the last row counts;
+  # the wall time counts every row (the time really spent), and the redone steps are reported.
+  by_step: dict[int, dict] = {}
+  for r in rows:
+    by_step[int(r["step"])] = {**by_step.get(int(r["step"]), {}), **r}
+  vals = sorted((s, float(r[metric])) for s, r in by_step.items() if r.get(metric) is not None)
   if not vals:
     raise ValueError(f"{workdir}: metrics.jsonl has no {metric!r}")
-  steps = [r for r in rows if r.get("time/step") is not None]
+  timed_rows = [r for r in rows if r.get("time/step") is not None]
+  redone = len(timed_rows) - len({int(r["step"]) for r in timed_rows})
   return dict(workdir=workdir, start=vals[0], end=vals[-1], best=max(vals, key=lambda v: v[1]),
-              gain=vals[-1][1] - vals[0][1], steps=max((int(r["step"]) for r in steps), default=0),
-              wall_s=float(sum(r["time/step"] for r in steps)))
+              gain=vals[-1][1] - vals[0][1], steps=max((int(r["step"]) for r in timed_rows), default=0),
+              wall_s=float(sum(r["time/step"] for r in timed_rows)), redone_steps=redone)
 
 
 def mean_sd(xs: Sequence[float]) -> tuple[float, float]:
@@ -60,7 +66,7 @@ def render(s: dict) -> str:
   for r in s["runs"]:
     lines.append(f"  {r['workdir']}: {r['start'][1]:.3f} (step {r['start'][0]}) -> {r['end'][1]:.3f} "
                  f"(step {r['end'][0]}), best {r['best'][1]:.3f} (step {r['best'][0]}), "
-                 f"{r['steps']} steps in {r['wall_s'] / 60:.1f} min of steps")
+                 f"{r['steps']} steps ({r['redone_steps']} redone after a resume) in {r['wall_s'] / 60:.1f} min of steps")
   return "\n".join(lines)
 
 

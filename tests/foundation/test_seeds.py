@@ -51,6 +51,18 @@ def test_one_run_has_no_sd_and_bad_dirs_are_named(tmp_path):
     seeds.summarize([str(tmp_path)], "val/pass@1")
 
 
+def test_a_resumed_run_counts_each_step_once_and_all_the_time(tmp_path):
+  a = _run(tmp_path, "s0", [0.1, 0.2, 0.3], [0.0] * 10)
+  with open(os.path.join(a, "metrics.jsonl"), "a") as f:   # resumed from step 5: 6..10 again
+    for step in range(6, 11):
+      row = {"step": step, "reward/raw_mean": 0.0, "time/step": 2.0}
+      if step == 10:
+        row["val/pass@1"] = 0.35
+      f.write(json.dumps(row) + "\n")
+  r = seeds.run_summary(a, "val/pass@1")
+  assert r["end"] == (10, 0.35) and r["redone_steps"] == 5 and r["wall_s"] == 30.0 and r["steps"] == 10
+
+
 def test_cli(tmp_path):
   a = _run(tmp_path, "s0", [0.1, 0.2, 0.3], [0.0] * 10)
   b = _run(tmp_path, "s1", [0.1, 0.2, 0.5], [0.0] * 10)
