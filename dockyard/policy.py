@@ -1,7 +1,7 @@
 """The `Policy` seam: what the GRPO loops need from a trainer, whatever its framework.
 
 Implemented by `dockyard.trainer_jax` (the main trainer) and `dockyard.trainer_torch`. Arrays
-cross this seam as NumPy; `named_weights()` yields HF names through `dockyard.refit.name_map`.
+cross this seam as NumPy; `named_weights()` yields HF names through `dockyard.models.name_map`.
 """
 from __future__ import annotations
 

@@ -189,7 +189,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
                         f"importance weight and the trained distribution would be wrong")
   if r.max_new_tokens >= r.max_model_len:
     raise ConfigError("rollout.max_new_tokens", f"must be < rollout.max_model_len ({r.max_model_len})")
-  if config.refit.transport not in ("auto", "inprocess", "object_store", "http", "nccl"):
+  if config.refit.transport not in ("auto", "inprocess", "object_store", "shared_memory", "nccl"):
     raise ConfigError("refit.transport", f"unknown transport {config.refit.transport!r}")
   if config.env.name not in ("swe", "math"):
     raise ConfigError("env.name", f"must be 'swe' or 'math', got {config.env.name!r}")

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dockyard.policy import LossFn, Policy, TrainBatch, check_layout
-from dockyard.refit import name_map
+from dockyard.models import name_map
 from dockyard.trainer_jax import hf_io, train
 from dockyard.trainer_jax import sharding as shd
 from dockyard.trainer_jax.checkpoint import Checkpointer

@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from dockyard.policy import LossFn, Policy, TrainBatch, check_layout
-from dockyard.refit import name_map
-from dockyard.trainer_jax.model_config import ModelConfig  # pure Python: the name-map's config
+from dockyard.models import name_map
+from dockyard.models.model_config import ModelConfig  # pure Python: the name-map's config
 from dockyard.trainer_torch import checkpoint, dist, optim
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

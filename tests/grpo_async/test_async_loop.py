@@ -14,6 +14,7 @@ from async_parts import FirstDigitEnv, SlowGenerator, async_config
 from dockyard import validate
 from dockyard.envs.base import Reward
 from dockyard.envs.math import MathConfig, MathEnv
+from dockyard.rollout.base import BatchedAgenerate
 from dockyard.grpo import async_loop, loss_spec, sync_loop
 from dockyard.grpo.batch import make_train_batch
 from grpo_fakes import BigramPolicy, FakeSynchronizer
@@ -175,8 +176,9 @@ def test_a_collector_failure_reaches_the_trainer(tokenizer, tmp_path):
     run(config, tokenizer, tmp_path, fail_on_call=2)
 
 
-class BatchingGenerator(SlowGenerator):
-  """An in-process engine's `generate_many`: one call serves every request queued meanwhile."""
+class BatchingGenerator(BatchedAgenerate, SlowGenerator):
+  """An in-process engine's `generate_many`: one call serves every request queued meanwhile
+  (`BatchedAgenerate`, the seam's batching `agenerate`, as `VLLMEngine` has it)."""
 
   def __init__(self, *a, **kw):
     super().__init__(*a, **kw)

@@ -156,7 +156,7 @@ def _assert_close(ours, theirs, batch, who):
 def test_converted_directory_is_plain_fp32_hf(model_dir, tokenizer):
   from safetensors import safe_open
 
-  from dockyard.trainer_jax.model_config import ModelConfig
+  from dockyard.models.model_config import ModelConfig
   with open(os.path.join(model_dir, "config.json")) as f:
     hf = json.load(f)
   assert "quantization_config" not in hf and hf["architectures"] == ["LlamaForCausalLM"]

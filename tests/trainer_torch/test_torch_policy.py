@@ -7,7 +7,7 @@ from safetensors.numpy import load_file
 
 import torch_common
 from dockyard.policy import TrainBatch
-from dockyard.refit import name_map
+from dockyard.models import name_map
 from dockyard.trainer_torch import optim
 from dockyard.trainer_torch.loss import make_pg_loss
 
