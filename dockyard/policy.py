@@ -85,6 +85,11 @@ class Policy(abc.ABC):
     temperature-scaled logprobs as `logprobs`; returns scalar metrics."""
 
   @abc.abstractmethod
+  def set_lr(self, lr: float | None) -> None:
+    """A constant learning rate from the next step on (the SFT warm start's); None returns to the
+    policy's schedule where it left it."""
+
+  @abc.abstractmethod
   def named_weights(self) -> Iterator[tuple[str, np.ndarray]]:
     """Streams (hf_name, array) pairs in HF layout, through the refit name-map."""
 
