@@ -147,9 +147,10 @@ def smollm(c):
   c.checkpoint.metric = "val/pass@1"
 
 
-def get_hyper(h):
-  """The sweep: learning rate x group size."""
+def get_hyper(h, arg=None):
+  """The sweep: learning rate x group size; the rates bracket the variant's (half and double)."""
+  lr = get_config(arg).optim.lr
   return h.product([
-      h.sweep("config.optim.lr", [3e-4, 5e-4]),
+      h.sweep("config.optim.lr", [lr / 2, lr * 2]),
       h.sweep("config.grpo.num_generations_per_prompt", [4, 8]),
   ])

@@ -120,6 +120,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
   g = config.grpo
   if config.run.mode not in ("train", "eval"):
     raise ConfigError("run.mode", f"must be 'train' or 'eval', got {config.run.mode!r}")
+  if int(config.policy.seq_bucket) < 1:
+    raise ConfigError("policy.seq_bucket", f"must be >= 1, got {config.policy.seq_bucket}")
   if config.policy.backend not in ("jax", "torch"):
     raise ConfigError("policy.backend", f"must be 'jax' or 'torch', got {config.policy.backend!r}")
   if str(config.policy.model_name_or_path).startswith("package:"):

@@ -76,7 +76,7 @@ class JaxPolicy(Policy):
     optimizer = train.make_optimizer(model, config.optim, total, mesh)
     return cls(model, optimizer, mesh, rules, config.optim, total,
                micro_batch_size=int(config.optim.micro_batch_size),
-               bucket=int(_get(config, "policy.seq_bucket", 64)), source_dir=path,
+               bucket=int(config.policy.seq_bucket), source_dir=path,
                checkpoint_config=_get(config, "checkpoint", None))
 
   # --- batches -------------------------------------------------------------------------------
