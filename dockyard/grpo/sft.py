@@ -15,8 +15,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from dockyard.grpo.batch import encode_prompt, pack_sequences
+from dockyard.grpo.batch import pack_sequences
 from dockyard.policy import LossFn, Policy, TrainBatch
+from dockyard.rollout.chat import encode_prompt
 
 
 def make_sft_batch(env, tokenizer, tasks: Sequence[Mapping[str, Any]], pad_multiple: int = 1) -> TrainBatch:

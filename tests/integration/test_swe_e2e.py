@@ -13,7 +13,7 @@ import os
 import numpy as np
 import pytest
 
-from dockyard.grpo.batch import encode_prompt
+from dockyard.rollout.chat import encode_prompt
 from dockyard.grpo.sft import sft_warmup
 from dockyard.grpo.sync_loop import grpo_train, make_losses, refit
 from dockyard.policy import TrainBatch

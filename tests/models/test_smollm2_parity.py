@@ -185,8 +185,8 @@ def test_jax_logprobs_match_transformers(jax_policy, batch, reference_logprobs):
 
 @pytest.fixture(scope="module")
 def greedy_prompts(tokenizer):
-  from dockyard.rollout.chat import chat_prompt_ids
-  return [chat_prompt_ids(tokenizer, [{"role": "user", "content": p}]) for p in GREEDY_PROMPTS]
+  from dockyard.rollout.chat import encode_prompt
+  return [encode_prompt(tokenizer, [{"role": "user", "content": p}]) for p in GREEDY_PROMPTS]
 
 
 @pytest.fixture(scope="module")
