@@ -5,7 +5,7 @@
   sharding.py      mesh + logical rules -> NamedShardings
   hf_io.py         HF safetensors <-> NNX through dockyard.models.name_map
   train.py         AdamW schedule, jitted train_step (micro-batch accumulation) and logprob_step
-  checkpoint.py    one orbax CheckpointManager: model + optimizer + step + grain iterator, best-k
+  checkpoint.py    one orbax CheckpointManager: model + optimizer + step + grain iterator
   data.py          grain MapDataset pipelines
   policy.py        JaxPolicy, the `dockyard.policy.Policy` implementation
   sft.py           the masked-NLL SFT loop (GRPO warm start) and its CLI
