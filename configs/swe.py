@@ -67,6 +67,7 @@ def get_config(arg=None):
       param_dtype="float32",
       remat=full,                                       # jax.checkpoint each decoder layer
       max_seq_len=16384 if full else 2048,
+      seq_bucket=64,   # JAX trainer: batch lengths pad to a multiple of this (one compile per length)
   )
 
   # mesh: trainer devices as (data, fsdp, tensor); -1 is "the rest". Logical axis rules map
@@ -137,7 +138,6 @@ def get_config(arg=None):
           max_trajectory_age_steps=1,
           in_flight_weight_updates=True,
           in_flight_policy="finish",   # finish (on old weights) | abort (and resubmit)
-          recompute_kv_cache_after_weight_updates=False,
           replay_buffer_size=0,        # 0: 2 x prompts per step x generations
           rollout_timeout_s=600.0,
           score_timeout_s=600.0,
@@ -179,16 +179,16 @@ def get_config(arg=None):
 
   # refit: moving weights trainer -> vLLM, and the canary that checks they arrived right.
   c.refit = dict(
-      transport="auto",        # auto | inprocess | object_store | http | nccl
+      transport="auto",        # auto | inprocess | object_store | shared_memory | nccl
       canary=dict(
           enabled=True,
           max_abs_logprob_delta=1e-2 if full else 1e-3,
       ),
   )
 
-  # sandbox: the executor fleet that runs tests (Ray actors serving HTTP).
+  # sandbox: the executor fleet that runs tests (Ray actors serving HTTP); started locally when
+  # env.code.sandbox_urls is empty.
   c.sandbox = dict(
-      launch_local_fleet=True,   # start executors as Ray actors when env.code.sandbox_urls is empty
       num_executors=8 if full else 1,
       slots=0,                   # concurrent runs per executor; 0: the node's cores
       cpus_per_executor=0.0,     # the executor's Ray CPU reservation; 0: max(slots, 1)
@@ -229,7 +229,6 @@ def get_config(arg=None):
       test="data/swe/test.jsonl",
       manifest="data/swe/manifest.json",   # pinned sdists (sha256) the task repos are built from
       shuffle_seed=0,
-      prompt_batching="grain",
   )
 
   # checkpoint: one orbax CheckpointManager; best-k by a validation metric.
@@ -253,17 +252,18 @@ def get_config(arg=None):
 
   # logging: TensorBoard + metrics.jsonl in the workdir; a PNG reward curve at the end.
   c.logging = dict(
-      log_period=1,
       tensorboard=True,
       png_curve=True,
   )
   return c
 
 
-def get_hyper(h):
-  """The sweep: learning rate x group size (`python -m launch.sweep --config=configs/swe.py`)."""
+def get_hyper(h, arg=None):
+  """The sweep: learning rate x group size (`python -m launch.sweep --config=configs/swe.py[:arg]`).
+  The rates bracket the one the variant trains at (half and double it)."""
+  lr = get_config(arg).optim.lr
   return h.product([
-      h.sweep("config.optim.lr", [1e-6, 3e-6]),
+      h.sweep("config.optim.lr", [lr / 2, lr * 2]),
       h.sweep("config.grpo.num_generations_per_prompt", [4, 8]),
       h.fixed("config.loss_fn.ratio_clip_max", 0.28),
   ])

@@ -4,10 +4,11 @@ r"""Evaluation on the test split: pass@1 of one sample per task at `rollout.val_
 `eval.temperature` and the unbiased pass@k (and pass@1 of those samples), each with a 95%
 percentile-bootstrap interval over tasks (`dockyard.estimators`).
 
-  python -m dockyard.eval --config=configs/math.py:smollm --workdir=workdirs/math_eval \
-      [--config.policy.model_name_or_path=/path/to/hf/checkpoint]
+  python -m dockyard.launch --config=configs/math.py:smollm --config.run.mode=eval \
+      --workdir=workdirs/math_eval [--config.policy.model_name_or_path=/path/to/hf/checkpoint]
 
-It is `dockyard.launch` with `run.mode=eval`: the same validation of the config and the same parts.
+The runner calls `evaluate` in eval mode (the same validation of the config, the same parts, no
+trainer); this module imports nothing that leads back to the runner or the launcher.
 Writes eval.json (the numbers) and eval_samples.jsonl (every completion, its reward and success)
 into the workdir.
 """
@@ -16,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import sys
 
 import numpy as np
 
@@ -108,11 +108,3 @@ def evaluate(config, *, generator, env, tokenizer, tasks, workdir: str) -> dict:
             flush=True)
   return report
 
-
-if __name__ == "__main__":
-  from absl import app
-  from dockyard import launch
-  # Into sys.argv itself: config_flags defines the `--config.*` override flags it finds there.
-  if not any(a.startswith("--config.run.mode") for a in sys.argv):
-    sys.argv.append("--config.run.mode=eval")
-  app.run(launch.main, flags_parser=launch.parse_flags)

@@ -74,7 +74,7 @@ def make_plan(config: ml_collections.ConfigDict) -> RunPlan:
             {unit: config.rollout.tensor_parallel_size}, "PACK (one bundle per TP rank)", inference_nodes),
   ]
   sandbox_urls = tuple(config.env.code.sandbox_urls) if config.env.name == "swe" else ()
-  if config.env.name == "swe" and not sandbox_urls and config.sandbox.launch_local_fleet:
+  if config.env.name == "swe" and not sandbox_urls:   # the runner starts a local fleet then
     fleets.append(Fleet("sandbox", config.sandbox.num_executors,
                         {"CPU": max(config.sandbox.slots, 1)}, "SPREAD", "every node"))
   loop = "async" if config.grpo.async_grpo.enabled else "sync"

@@ -1,7 +1,7 @@
 """The `Policy` seam: what the GRPO loops need from a trainer, whatever its framework.
 
 Implemented by `dockyard.trainer_jax` (the main trainer) and `dockyard.trainer_torch`. Arrays
-cross this seam as NumPy; `named_weights()` yields HF names through `dockyard.refit.name_map`.
+cross this seam as NumPy; `named_weights()` yields HF names through `dockyard.models.name_map`.
 """
 from __future__ import annotations
 
@@ -83,6 +83,11 @@ class Policy(abc.ABC):
   def train_step(self, batch: TrainBatch, loss_fn: LossFn) -> dict[str, float]:
     """One optimizer step (with micro-batch accumulation) on `batch`, the loss fed the same
     temperature-scaled logprobs as `logprobs`; returns scalar metrics."""
+
+  @abc.abstractmethod
+  def set_lr(self, lr: float | None) -> None:
+    """A constant learning rate from the next step on (the SFT warm start's); None returns to the
+    policy's schedule where it left it."""
 
   @abc.abstractmethod
   def named_weights(self) -> Iterator[tuple[str, np.ndarray]]:

@@ -1,4 +1,4 @@
-"""The xmanager-style hyper-parameter helper `h` that configs' `get_hyper(h)` use.
+"""The xmanager-style hyper-parameter helper `h` that configs' `get_hyper(h, arg)` use.
 
 A sweep is a list of trials; a trial is a dict {'config.a.b': value}. `h.sweep(key, values)` is one
 axis, `h.product([...])` the Cartesian product, `h.zipit([...])` pairs axes element-wise,

@@ -120,6 +120,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
   g = config.grpo
   if config.run.mode not in ("train", "eval"):
     raise ConfigError("run.mode", f"must be 'train' or 'eval', got {config.run.mode!r}")
+  if int(config.policy.seq_bucket) < 1:
+    raise ConfigError("policy.seq_bucket", f"must be >= 1, got {config.policy.seq_bucket}")
   if config.policy.backend not in ("jax", "torch"):
     raise ConfigError("policy.backend", f"must be 'jax' or 'torch', got {config.policy.backend!r}")
   if str(config.policy.model_name_or_path).startswith("package:"):
@@ -189,7 +191,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
                         f"importance weight and the trained distribution would be wrong")
   if r.max_new_tokens >= r.max_model_len:
     raise ConfigError("rollout.max_new_tokens", f"must be < rollout.max_model_len ({r.max_model_len})")
-  if config.refit.transport not in ("auto", "inprocess", "object_store", "http", "nccl"):
+  if config.refit.transport not in ("auto", "inprocess", "object_store", "shared_memory", "nccl"):
     raise ConfigError("refit.transport", f"unknown transport {config.refit.transport!r}")
   if config.env.name not in ("swe", "math"):
     raise ConfigError("env.name", f"must be 'swe' or 'math', got {config.env.name!r}")

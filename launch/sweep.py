@@ -1,4 +1,4 @@
-r"""Runs the sweep a config defines in `get_hyper(h)`.
+r"""Runs the sweep a config defines in `get_hyper(h, arg)` (`arg`: the `:arg` of --config).
 
   python -m launch.sweep --config=configs/swe.py:tiny --dry_run          # one line per trial
   python -m launch.sweep --config=configs/swe.py:tiny --workdir=sweeps/x  # run trials one by one
@@ -19,7 +19,7 @@ from absl import app, flags
 from dockyard import sweep as h
 from dockyard import validate
 
-_CONFIG = flags.DEFINE_string("config", None, "Config file[:arg] whose get_hyper(h) defines the sweep.")
+_CONFIG = flags.DEFINE_string("config", None, "Config file[:arg] whose get_hyper(h, arg) defines the sweep.")
 _WORKDIR = flags.DEFINE_string("workdir", "sweeps", "Root; each trial gets <workdir>/<index>-<name>.")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the trials and their overrides; run nothing.")
 _EXECUTOR = flags.DEFINE_enum("executor", "local", ["local", "ray"], "local: one after another; "
@@ -32,8 +32,8 @@ def load_trials(spec: str) -> list[h.Trial]:
   path = spec.partition(":")[0]
   module = validate.load_config_module(path)
   if not hasattr(module, "get_hyper"):
-    raise SystemExit(f"error: {path} defines no get_hyper(h)")
-  return module.get_hyper(h)
+    raise SystemExit(f"error: {path} defines no get_hyper(h, arg)")
+  return module.get_hyper(h, spec.partition(":")[2] or None)   # the variant the trials run
 
 
 def trial_commands(spec: str, root: str, extra: list[str]) -> list[tuple[str, list[str]]]:

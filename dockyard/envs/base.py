@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 
 @dataclasses.dataclass
@@ -26,6 +26,16 @@ class Environment(abc.ABC):
   @abc.abstractmethod
   async def score(self, task: Mapping[str, Any], completion: str) -> Reward:
     """Scores one completion of the task."""
+
+  def gold_completion(self, task: Mapping[str, Any]) -> str:
+    """A completion that solves the task (the SFT warm start's target)."""
+    raise NotImplementedError(f"{type(self).__name__} has no gold_completion(task); the SFT warm "
+                              f"start (grpo.sft_warmup.steps > 0) needs one, or set "
+                              f"grpo.sft_warmup.steps=0")
+
+  def validation_metrics(self, rewards: Sequence[Reward]) -> dict[str, float]:
+    """Env-specific validation figures over one reward per held-out task (logged as `val/<key>`)."""
+    return {}
 
   def is_success(self, reward: Reward) -> bool:
     """Whether a scored completion solves its task (pass@k counts these); envs whose reward is

@@ -23,7 +23,6 @@ Config: `config.grpo.async_grpo.*` (see configs/swe.py):
   in_flight_policy          finish: a group whose weights changed while it was in flight keeps
                             its tokens (tagged with the oldest version); abort: it is thrown away
                             and generated again on the new weights (`async/resubmitted`).
-  recompute_kv_cache_after_weight_updates  engines reset their prefix cache on every weight load
                             (vllm_engine), so cached keys/values never outlive their weights.
   rollout_timeout_s / score_timeout_s / on_timeout  a hung call is abandoned after its timeout;
                             the group is dropped (`buffer/dropped/timeout`) or retried up to
@@ -49,7 +48,8 @@ import numpy as np
 
 from dockyard import workdir as workdir_lib
 from dockyard.grpo.age_buffer import AgeBoundedBuffer, BufferClosed, Entry, capacity_in_groups, group_version
-from dockyard.grpo.batch import Group, encode_prompt
+from dockyard.grpo.batch import Group
+from dockyard.rollout.chat import encode_prompt
 from dockyard.grpo.harness import max_in_flight, sampling_params, timed
 from dockyard.grpo.step import PromptSampler, decode, rollout_stats, score_groups
 from dockyard.rollout.base import Generator, SamplingParams
@@ -96,7 +96,6 @@ class CollectorStats:
   timeouts_score: int = 0
   generate_s: float = 0.0       # summed per-group latencies
   score_s: float = 0.0
-  engine_busy_s: float = 0.0    # wall time the in-process engine spent in batches
 
 
 class Collector:
@@ -121,8 +120,6 @@ class Collector:
     self._thread = threading.Thread(target=self._run_loop, name="collector", daemon=True)
     self._open = None   # asyncio.Event: set while generations may start (set up in the thread)
     self._idle = threading.Condition()
-    self._queue: list = []      # (request, future) waiting for the in-process engine
-    self._batching = False
 
   # -- trainer-facing ---------------------------------------------------------------------------
   def start(self) -> None:
@@ -215,48 +212,14 @@ class Collector:
       await self._open.wait()
     self.generating += 1
     try:
-      if hasattr(self.generator, "agenerate"):     # the Ray fleet: batches on the engine side
-        call = self.generator.agenerate(prompt, self.n, sampling)
-      elif hasattr(self.generator, "generate_many"):   # an in-process engine: batch here
-        call = self._batched(prompt, sampling)
-      else:
-        call = asyncio.to_thread(lambda: self.generator.generate([prompt], self.n, sampling)[0])
+      # The seam's agenerate: the fleet batches on the engine side, an in-process engine batches
+      # concurrent requests itself (`BatchedAgenerate`), any other generator runs on a thread.
+      call = self.generator.agenerate(prompt, self.n, sampling)
       return await asyncio.wait_for(call, self.rollout_timeout)
     finally:
       self.generating -= 1
       with self._idle:
         self._idle.notify_all()
-
-  async def _batched(self, prompt: list[int], sampling):
-    """Requests that arrive while the engine is busy go to it together as one batch (its
-    `generate_many`), so many groups in flight share continuous batching, as on the fleet."""
-    fut = asyncio.get_running_loop().create_future()
-    self._queue.append((([prompt], self.n, sampling), fut))
-    if not self._batching:
-      self._batching = True
-      asyncio.create_task(self._drain_batches())
-    return await fut
-
-  async def _drain_batches(self) -> None:
-    try:
-      while self._queue:
-        items, self._queue = self._queue, []
-        items = [(r, f) for r, f in items if not f.done()]   # timed out while queued
-        t0 = time.perf_counter()
-        try:
-          outs = await asyncio.to_thread(self.generator.generate_many, [r for r, _ in items])
-        except Exception as e:
-          for _, f in items:
-            if not f.done():
-              f.set_exception(e)
-          continue
-        finally:
-          self.stats.engine_busy_s += time.perf_counter() - t0
-        for (_, f), out in zip(items, outs):
-          if not f.done():
-            f.set_result(out[0])
-    finally:
-      self._batching = False
 
   async def _one(self, seq: int, task: Mapping[str, Any]) -> None:
     """One prompt: generate (+ resubmit on abort / retry on timeout), score, put in the buffer."""
@@ -376,7 +339,7 @@ class AsyncSource:
     out = {"async/version": float(self.buffer.version),
            "async/resubmitted": float(s.resubmitted), "async/straddled_completions": float(s.straddled),
            "async/timeouts_rollout": float(s.timeouts_rollout), "async/timeouts_score": float(s.timeouts_score),
-           "async/engine_busy_s": s.engine_busy_s, "async/score_busy_s": s.score_s,
+           "async/engine_busy_s": float(self.collector.generator.busy_s), "async/score_busy_s": s.score_s,
            "time/generate": s.generate_s / max(s.generated_groups, 1),   # per-group latency
            "time/score": s.score_s / max(s.generated_groups, 1),
            "perf/tokens_per_s": (s.generated_tokens - self._tokens_last) / max(now - self._t_last, 1e-9),

@@ -19,6 +19,7 @@ import numpy as np
 from dockyard.envs.base import Reward
 from dockyard.policy import TrainBatch
 from dockyard.rollout.base import Completion
+# The loops import the prompt encoder from here until the loop rewrite imports dockyard.rollout.chat.
 
 
 @dataclasses.dataclass
@@ -34,15 +35,6 @@ class Group:
   @property
   def size(self) -> int:
     return len(self.completions)
-
-
-def encode_prompt(tokenizer, messages: Sequence[Mapping[str, str]]) -> list[int]:
-  """Chat messages -> prompt token ids through the tokenizer's chat template (+ assistant turn)."""
-  ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True,
-                                      return_dict=False)
-  if isinstance(ids, Mapping):   # some tokenizers still return a BatchEncoding
-    ids = ids["input_ids"]
-  return [int(i) for i in ids]
 
 
 def _round_up(n: int, multiple: int) -> int:

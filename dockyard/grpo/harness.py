@@ -102,8 +102,8 @@ class RunSettings:
 
 
 def success_of(env) -> Callable[[Any], bool]:
-  """The env's "this completion solves the task" test (reward >= 1 for envs without one)."""
-  return getattr(env, "is_success", None) or (lambda r: r.value >= 1.0)
+  """The env's "this completion solves the task" test (`Environment.is_success`)."""
+  return env.is_success
 
 
 def pass_at_1_metrics(env, rewards: Sequence[Any]) -> dict[str, float]:
@@ -136,8 +136,7 @@ def run_validation(generator: Generator, env, tokenizer, tasks: Sequence[Mapping
          "val/malformed_fraction": float(np.mean([r.malformed for r in rewards])),
          "val/completion_len_mean": float(np.mean([len(g.completions[0].token_ids) for g in groups]))}
   out.update(pass_at_1_metrics(env, rewards))
-  if hasattr(env, "validation_metrics"):
-    out.update({f"val/{k}": float(v) for k, v in env.validation_metrics(rewards).items()})
+  out.update({f"val/{k}": float(v) for k, v in env.validation_metrics(rewards).items()})
   return out
 
 

@@ -5,29 +5,23 @@ a short SFT on the training split's gold answers gets it to the format and some 
 The environment supplies the target through `gold_completion(task)`. The loss is the NLL on the
 answer tokens + EOS (the prompt is context only), normalized per the micro-batching contract.
 
-The Policy seam has no learning-rate argument: when the policy offers `set_lr(lr)`
-(None restores its schedule), the warm start runs at `sft_warmup.lr`; otherwise at the
-policy's own schedule, and it says so in the log.
+The warm start runs at `sft_warmup.lr` through the Policy seam's `set_lr` (None afterwards
+returns to the policy's schedule).
 """
 from __future__ import annotations
 
-import logging
 import time
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from dockyard.grpo.batch import encode_prompt, pack_sequences
+from dockyard.grpo.batch import pack_sequences
 from dockyard.policy import LossFn, Policy, TrainBatch
-
-log = logging.getLogger(__name__)
+from dockyard.rollout.chat import encode_prompt
 
 
 def make_sft_batch(env, tokenizer, tasks: Sequence[Mapping[str, Any]], pad_multiple: int = 1) -> TrainBatch:
   """Prompt ids (chat template) + gold answer ids + EOS; loss on the answer and EOS."""
-  if not hasattr(env, "gold_completion"):
-    raise TypeError(f"{type(env).__name__} has no gold_completion(task); the SFT warm start "
-                    "(grpo.sft_warmup.steps > 0) needs one, or set grpo.sft_warmup.steps=0")
   if tokenizer.eos_token_id is None:
     raise ValueError("the tokenizer has no eos_token_id; SFT targets must end with EOS")
   prompts, answers = [], []
@@ -50,12 +44,7 @@ def sft_warmup(policy: Policy, env, tokenizer, tasks: Sequence[Mapping[str, Any]
   if not tasks:
     raise ValueError("SFT warm start: no training tasks")
   rng = np.random.default_rng(seed)
-  can_set_lr = hasattr(policy, "set_lr")
-  if can_set_lr:
-    policy.set_lr(lr)
-  else:
-    log.warning("%s has no set_lr(); SFT warm start uses the policy's own schedule, "
-                "not grpo.sft_warmup.lr=%g", type(policy).__name__, lr)
+  policy.set_lr(lr)
   history = []
   try:
     for step in range(steps):
@@ -68,6 +57,5 @@ def sft_warmup(policy: Policy, env, tokenizer, tasks: Sequence[Mapping[str, Any]
       if on_step is not None:
         on_step(step, metrics)
   finally:
-    if can_set_lr:
-      policy.set_lr(None)
+    policy.set_lr(None)
   return history

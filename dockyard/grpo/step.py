@@ -4,13 +4,12 @@ A step: sample prompts (`PromptSampler`) -> `collect_groups` (Generator: n compl
 prompt) -> `score_groups` (Environment, many scorings in flight on one asyncio loop) ->
 `assign_advantages` (shaping, estimator, zero-variance groups reported / dropped) ->
 `update_policy` (recompute prev (and reference) logprobs, `Policy.train_step` with the
-clipped-PG loss per minibatch) -> `refit` (`mark_stale` -> `sync_weights` ->
-`prepare_for_generation`). Which of these a step runs itself and which arrive done (generation
+clipped-PG loss per minibatch) -> `refit` (the synchronizer's `refit()`: push, canary, engines
+ready). Which of these a step runs itself and which arrive done (generation
 and scoring, in the async source) is the trajectory source's business (`dockyard.grpo.source`).
 
 Nothing here knows a backend or engine: the `Policy` / `Generator` seams, a weight synchronizer
-(`dockyard.refit.synchronizer.WeightSynchronizer`: `mark_stale()`, `sync_weights() -> metrics`,
-`prepare_for_generation()`, `version`) and a `LossFn` the caller chose for the policy's backend.
+(`dockyard.refit.synchronizer.WeightSynchronizer`: `refit() -> metrics`, `version`) and a `LossFn` the caller chose for the policy's backend.
 """
 from __future__ import annotations
 
@@ -20,7 +19,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from dockyard.grpo.advantages import compute_advantages
-from dockyard.grpo.batch import Group, encode_prompt, make_train_batch
+from dockyard.grpo.batch import Group, make_train_batch
+from dockyard.rollout.chat import encode_prompt
 from dockyard.grpo.shaping import ShapingConfig, shape_reward
 from dockyard.policy import LossFn, Policy, TrainBatch
 from dockyard.rollout.base import Completion, Generator, SamplingParams
@@ -192,10 +192,8 @@ def update_policy(policy: Policy, groups: Sequence[Group], settings, reference: 
 
 
 def refit(synchronizer) -> dict[str, float]:
-  """Trainer -> engine: mark stale, move the weights, make the engine ready; sync metrics."""
-  synchronizer.mark_stale()
-  sync_metrics = synchronizer.sync_weights() or {}
-  synchronizer.prepare_for_generation()
+  """Trainer -> engine: the weights pushed, checked and the engines readied; sync metrics."""
+  sync_metrics = synchronizer.refit() or {}
   out = {}
   for k, v in sync_metrics.items():
     if isinstance(v, (int, float, np.number)) and not isinstance(v, bool):

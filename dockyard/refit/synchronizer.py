@@ -1,9 +1,10 @@
-"""`WeightSynchronizer`: when and how the trainer's weights reach the engines.
+"""`WeightSynchronizer`: how the trainer's weights reach the engines.
 
-State machine: the GRPO loop calls `mark_stale()` after each optimizer step; before the next
-generation `prepare_for_generation()` syncs if stale (a new, strictly larger weight version),
-runs the refit canary, and readies the engine. `create_weight_synchronizer` picks the transport
-from `config.refit.transport` ('auto' picks by topology).
+One call, `refit()`, after each optimizer step: push the policy's weights as a new, strictly
+larger version, run the refit canary (raises past its bound), ready the engines. The engines are
+synced eagerly because both loops sample right after a step; there is no stale state to carry.
+`create_weight_synchronizer` picks the transport from `config.refit.transport` ('auto': by
+topology, from `config.cluster` and where the generator says its engines run).
 """
 from __future__ import annotations
 
@@ -12,22 +13,22 @@ from typing import Any
 
 from dockyard.policy import Policy
 from dockyard.refit.canary import RefitCanary
-from dockyard.refit.transports import (HttpTransport, InProcessTransport, ObjectStoreTransport,
+from dockyard.refit.transports import (InProcessTransport, ObjectStoreTransport,
                                        SharedMemoryTransport, Transport)
+from dockyard.rollout.base import Generator
 
-TRANSPORTS = ("auto", "inprocess", "object_store", "shared_memory", "http", "nccl")
+TRANSPORTS = ("auto", "inprocess", "object_store", "shared_memory", "nccl")
 
 
 class WeightSynchronizer:
 
-  def __init__(self, policy: Policy, generator, transport: Transport, canary: RefitCanary | None = None,
-               version: int | None = None):
+  def __init__(self, policy: Policy, generator: Generator, transport: Transport,
+               canary: RefitCanary | None = None, version: int | None = None):
     self.policy = policy
     self.generator = generator
     self.transport = transport
     self.canary = canary
     self._version = int(generator.weight_version if version is None else version)
-    self._stale = False
     self.last_metrics: dict[str, float] = {}
 
   @property
@@ -35,13 +36,12 @@ class WeightSynchronizer:
     """The weight version last pushed (monotonically increasing)."""
     return self._version
 
-  @property
-  def is_stale(self) -> bool:
-    return self._stale
-
-  def mark_stale(self) -> None:
-    """The trainer's weights changed: the engines must be synced before they sample again."""
-    self._stale = True
+  def refit(self) -> dict[str, float]:
+    """Pushes the policy's weights as version+1, checks them (the canary), readies the engines;
+    returns the sync's metrics."""
+    metrics = self.sync_weights()
+    self.generator.prepare_for_generation()
+    return metrics
 
   def sync_weights(self) -> dict[str, float]:
     """Pushes the policy's weights as version+1, then runs the canary (raises past its bound)."""
@@ -50,7 +50,6 @@ class WeightSynchronizer:
     nbytes = self.transport.send(self.policy.named_weights(), version)
     elapsed = time.perf_counter() - start
     self._version = version
-    self._stale = False
     metrics = {"refit/version": float(version), "refit/time_s": elapsed, "refit/bytes": float(nbytes),
                "refit/gbytes_per_s": nbytes / max(elapsed, 1e-9) / 1e9}
     if self.canary is not None:
@@ -61,30 +60,17 @@ class WeightSynchronizer:
     self.last_metrics = metrics
     return metrics
 
-  def prepare_for_generation(self) -> dict[str, float]:
-    """Syncs if stale, then readies the engines; returns the sync's metrics ({} if none)."""
-    metrics = self.sync_weights() if self._stale else {}
-    self.generator.prepare_for_generation()
-    return metrics
 
-
-def _is_fleet(generator) -> bool:
-  from dockyard.rollout.fleet import RolloutFleet
-  return isinstance(generator, RolloutFleet)
-
-
-def pick_transport_name(config: Any, generator) -> str:
-  """'auto' by topology: colocated in-process engine -> inprocess; a fleet: GPUs and not
-  colocated -> nccl, several nodes -> object_store (Ray moves objects between nodes), else
-  object_store; an engine served over HTTP (has `receiver_urls`) -> http."""
+def pick_transport_name(config: Any, generator: Generator) -> str:
+  """'auto' by topology: engines in this process -> inprocess; engines in other processes (the
+  Ray fleet): accelerators and not colocated (`config.cluster`) -> nccl, else object_store (Ray
+  moves one object to every node)."""
   name = config.refit.transport
   if name not in TRANSPORTS:
     raise ValueError(f"config.refit.transport: unknown transport {name!r}; choose from {TRANSPORTS}")
   if name != "auto":
     return name
-  if getattr(generator, "receiver_urls", None):
-    return "http"
-  if not _is_fleet(generator):
+  if generator.in_process:
     return "inprocess"
   cl = config.cluster
   if cl.accelerators_per_node > 0 and not cl.colocated:
@@ -92,25 +78,23 @@ def pick_transport_name(config: Any, generator) -> str:
   return "object_store"
 
 
-def make_transport(name: str, generator) -> Transport:
+def make_transport(name: str, generator: Generator) -> Transport:
   if name == "inprocess":
-    if _is_fleet(generator):
+    if not generator.in_process:
       raise ValueError("config.refit.transport='inprocess' needs an engine in this process; the "
-                       "generator is a Ray fleet (use 'object_store', 'shared_memory' or 'nccl')")
+                       "generator's engines run in other processes (use 'object_store', "
+                       "'shared_memory' or 'nccl')")
     return InProcessTransport(generator)
   if name == "object_store":
-    if not _is_fleet(generator):
-      raise ValueError("config.refit.transport='object_store' needs a RolloutFleet generator")
+    if generator.in_process:
+      raise ValueError("config.refit.transport='object_store' needs engines in other processes (a "
+                       "RolloutFleet); this generator's engine is in this process (use 'inprocess')")
     return ObjectStoreTransport(generator)
   if name == "shared_memory":
     return SharedMemoryTransport(generator)
-  if name == "http":
-    urls = getattr(generator, "receiver_urls", None)
-    if not urls:
-      raise ValueError("config.refit.transport='http' needs a generator with `receiver_urls` "
-                       "(engines serving dockyard.refit.http_receiver)")
-    return HttpTransport(urls)
   if name == "nccl":
+    if generator.in_process:
+      raise ValueError("config.refit.transport='nccl' needs engines in other processes (a RolloutFleet)")
     from dockyard.refit.nccl import NcclTransport
     return NcclTransport(generator)
   raise ValueError(f"config.refit.transport: unknown transport {name!r}; choose from {TRANSPORTS}")

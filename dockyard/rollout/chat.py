@@ -1,24 +1,26 @@
 """Chat messages -> prompt token ids through the tokenizer's own chat template.
 
-The GRPO loop and the data pipeline build prompts with this one helper, so the ids vLLM samples
-from are exactly the ids the trainer later scores.
+The one prompt encoder: the GRPO loops, the SFT warm start and the evaluator all build prompts
+with `encode_prompt`, so the ids vLLM samples from are exactly the ids the trainer later scores.
 """
 from __future__ import annotations
 
 from typing import Mapping, Sequence
 
 
-def chat_prompt_ids(tokenizer, messages: Sequence[Mapping[str, str]],
-                    add_generation_prompt: bool = True) -> list[int]:
+def encode_prompt(tokenizer, messages: Sequence[Mapping[str, str]],
+                  add_generation_prompt: bool = True) -> list[int]:
   """Token ids of `messages` rendered by `tokenizer.chat_template`, ready for the assistant turn."""
   if not messages:
-    raise ValueError("chat_prompt_ids: `messages` is empty")
+    raise ValueError("encode_prompt: `messages` is empty")
   for i, m in enumerate(messages):
     if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
-      raise ValueError(f"chat_prompt_ids: message {i} needs 'role' and 'content' keys, got {m!r}")
-  if not getattr(tokenizer, "chat_template", None):
-    raise ValueError(f"chat_prompt_ids: tokenizer {type(tokenizer).__name__} has no chat_template")
+      raise ValueError(f"encode_prompt: message {i} needs 'role' and 'content' keys, got {m!r}")
+  if not tokenizer.chat_template:
+    raise ValueError(f"encode_prompt: tokenizer {type(tokenizer).__name__} has no chat_template")
   # transformers 5 returns a BatchEncoding for tokenize=True unless return_dict=False.
   ids = tokenizer.apply_chat_template(list(messages), tokenize=True, add_generation_prompt=add_generation_prompt,
                                       return_dict=False)
+  if isinstance(ids, Mapping):   # some tokenizers still return a BatchEncoding
+    ids = ids["input_ids"]
   return [int(t) for t in ids]

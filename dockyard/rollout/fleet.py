@@ -13,13 +13,13 @@ import concurrent.futures
 import os
 import queue
 import threading
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
 import dockyard
 from dockyard.ray_utils import init_ray
-from dockyard.rollout import worker_ext
+from dockyard.rollout import wire
 from dockyard.rollout.base import Completion, Generator, SamplingParams
 
 MAX_CONCURRENCY = 64   # actor threads: queued generate calls + weight loads + scoring
@@ -106,6 +106,7 @@ def _placement(rollout, on_gpu: bool):
 
 
 class RolloutFleet(Generator):
+  in_process = False   # engines are Ray actors: weights travel serialized or broadcast
 
   def __init__(self, config: Any, model_path: str, num_cpus: int | None = None):
     ray = init_ray(config.run.ray_address, num_cpus=num_cpus)
@@ -124,6 +125,7 @@ class RolloutFleet(Generator):
     self._latest_packed = None       # ObjectRef of the newest weights, for restarted engines
     self._lock = threading.Lock()
     self.restarts = 0
+    self._group_restarts = -1      # `restarts` when the broadcast group was last joined
     self.in_flight = [0] * n
     self.served = [0] * n            # requests completed per engine
     self.placement_groups = [_placement(self.rollout, self.on_gpu) for _ in range(n)]
@@ -254,7 +256,7 @@ class RolloutFleet(Generator):
     return rows
 
   def update_weights(self, named_tensors: Iterable[tuple[str, np.ndarray]], version: int) -> None:
-    self.load_packed(worker_ext.pack_weights(named_tensors), version)
+    self.load_packed(wire.pack_weights(named_tensors), version)
 
   def load_packed(self, packed, version: int) -> None:
     """One `ray.put`, read by every engine from the object store; kept for restarted engines."""
@@ -266,10 +268,39 @@ class RolloutFleet(Generator):
     self._ray.get([a.load_shared_memory.remote(block_name, index, version) for a in self.actors])
     self._latest_packed, self._version = None, int(version)
 
-  def mark_loaded_out_of_band(self, version: int) -> None:
-    """Weights reached the engines some other way (the NCCL broadcast); restarted engines cannot
-    be given them, so they come back on the checkpoint's weights until the next sync."""
-    self._latest_packed, self._version = None, int(version)
+  # -- the weight-broadcast group (the sender is `dockyard.refit.nccl`, rank 0) ----------------
+  @property
+  def broadcast_ranks(self) -> int:
+    """How many worker ranks receive a broadcast: every engine's tensor-parallel workers."""
+    return len(self.actors) * int(self.rollout["tensor_parallel_size"])
+
+  @property
+  def broadcast_group_current(self) -> bool:
+    """False before the first join and after an engine restart (the new engine is not in it)."""
+    return self._group_restarts == self.restarts
+
+  def join_broadcast_group(self, host: str, port: int, backend: str) -> Callable[[], None]:
+    """Starts every engine's workers joining the group as ranks 1..`broadcast_ranks`; returns the
+    wait. The sender joins as rank 0 between the two: the rendezvous needs every rank at once."""
+    tp = int(self.rollout["tensor_parallel_size"])
+    world, restarts = 1 + self.broadcast_ranks, self.restarts
+    refs = [a.nccl_init.remote(host, port, 1 + i * tp, world, backend) for i, a in enumerate(self.actors)]
+
+    def wait() -> None:
+      self._ray.get(refs)
+      self._group_restarts = restarts
+    return wait
+
+  def receive_broadcast(self, meta, version: int) -> Callable[[], None]:
+    """Starts every engine receiving the tensors `meta` lists [(name, torch dtype, shape)];
+    returns the wait, after which `version` is current. Restarted engines cannot be given these
+    weights, so they come back on the checkpoint's until the next sync."""
+    refs = [a.nccl_receive.remote(meta, version) for a in self.actors]
+
+    def wait() -> None:
+      self._ray.get(refs)
+      self._latest_packed, self._version = None, int(version)
+    return wait
 
   def prepare_for_generation(self) -> None:
     self._ray.get([a.prepare_for_generation.remote() for a in self.actors])

@@ -15,8 +15,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from dockyard.rollout import worker_ext
-from dockyard.rollout.base import Completion, Generator, SamplingParams
+from dockyard.rollout import wire
+from dockyard.rollout.base import BatchedAgenerate, Completion, Generator, SamplingParams
 
 WORKER_EXTENSION = "dockyard.rollout.worker_ext.WorkerExtension"
 ENGINE_KEYS = ("max_model_len", "dtype", "gpu_memory_utilization", "cpu_kvcache_space_gib",
@@ -126,7 +126,7 @@ def completions_from_output(request_output, version: int) -> list[Completion]:
   return result
 
 
-class VLLMEngine(Generator):
+class VLLMEngine(BatchedAgenerate, Generator):
   """A vLLM `LLM` (in-process core) with dockyard's weight loading and versioning."""
 
   def __init__(self, model_path: str, rollout: Mapping[str, Any], seed: int = 0, version: int = 0):
@@ -187,10 +187,10 @@ class VLLMEngine(Generator):
     return result
 
   def update_weights(self, named_tensors: Iterable[tuple[str, np.ndarray]], version: int) -> None:
-    self.load_packed(worker_ext.pack_weights(named_tensors), version)
+    self.load_packed(wire.pack_weights(named_tensors), version)
 
   def load_packed(self, packed, version: int) -> None:
-    """Loads weights already packed by `worker_ext.pack_weights` (the object-store path)."""
+    """Loads weights already packed by `wire.pack_weights` (the object-store path)."""
     self._load("dockyard_load_weights", (packed,), version)
 
   def load_shared_memory(self, block_name: str, index, version: int) -> None:

@@ -1,45 +1,17 @@
 """Methods added to every vLLM worker (`worker_extension_cls`), called through `collective_rpc`.
 
 vLLM refuses to ship plain Python functions to its workers, and tensors passed as rpc arguments
-arrive as lists, so weights travel as raw bytes + dtype + shape (`pack_weights`) or as a
-shared-memory block name. Loading goes through the worker's `reload_weights` because CPU vLLM has
+arrive as lists, so weights travel in `wire`'s format: raw bytes + dtype + shape, a shared-memory
+block name, or a broadcast. Loading goes through the worker's `reload_weights` because CPU vLLM has
 repacked its linear weights for oneDNN after start-up and a plain `model.load_weights` fails.
 """
 from __future__ import annotations
 
-from multiprocessing import shared_memory
-from typing import Iterable, Iterator
+from typing import Iterable
 
 import numpy as np
 
-
-def pack_weights(named: Iterable[tuple[str, np.ndarray]]) -> list[tuple[str, bytes, str, tuple[int, ...]]]:
-  """(name, array) -> (name, raw bytes, dtype string, shape): survives vLLM's rpc serialization."""
-  out = []
-  for name, array in named:
-    array = np.ascontiguousarray(array)
-    out.append((name, array.tobytes(), array.dtype.str, tuple(array.shape)))
-  return out
-
-
-def unpack_weights(packed) -> Iterator[tuple[str, np.ndarray]]:
-  for name, raw, dtype, shape in packed:
-    yield name, np.frombuffer(raw, dtype=np.dtype(dtype)).reshape(shape)
-
-
-def read_shared_memory(block_name: str, index: list[tuple[str, int, str, tuple[int, ...]]]
-                       ) -> Iterator[tuple[str, np.ndarray]]:
-  """Yields copies of the arrays laid out in shared-memory block `block_name` at `index` offsets."""
-  block = shared_memory.SharedMemory(name=block_name)
-  try:
-    for name, offset, dtype, shape in index:
-      dtype = np.dtype(dtype)
-      count = int(np.prod(shape)) if shape else 1
-      view = np.frombuffer(block.buf, dtype=dtype, count=count, offset=offset).reshape(shape)
-      yield name, view.copy()  # the copy lets the block close while vLLM keeps the tensor
-      del view
-  finally:
-    block.close()
+from dockyard.rollout.wire import GroupBroadcaster, read_shared_memory, unpack_weights
 
 
 class WorkerExtension:
@@ -55,8 +27,7 @@ class WorkerExtension:
     return self._dockyard_reload(read_shared_memory(block_name, index))
 
   def dockyard_group_init(self, host: str, port: int, rank_offset: int, world_size: int, backend: str) -> int:
-    """Joins the trainer's weight-broadcast group (`dockyard.refit.nccl`) as rank_offset + rank."""
-    from dockyard.refit.nccl import GroupBroadcaster
+    """Joins the trainer's weight-broadcast group (`wire.GroupBroadcaster`) as rank_offset + rank."""
     rank = rank_offset + int(getattr(self, "rank", 0))
     device = self.device if backend == "nccl" else None
     self._dockyard_group = GroupBroadcaster(host, port, rank, world_size, backend, device)

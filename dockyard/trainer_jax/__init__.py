@@ -1,11 +1,11 @@
 """dockyard.trainer_jax: the main trainer (Flax NNX decoder on a device mesh, optax, orbax, grain).
 
-  model_config.py  ModelConfig from an HF config.json (pure Python; the name-map uses it too)
-  model.py         the Qwen2 / Qwen3 / Llama decoder with logical axis names
+  model.py         the Qwen2 / Qwen3 / Llama decoder with logical axis names (its ModelConfig and
+                   the HF name map are dockyard.models', shared with the torch trainer)
   sharding.py      mesh + logical rules -> NamedShardings
-  hf_io.py         HF safetensors <-> NNX through dockyard.refit.name_map
+  hf_io.py         HF safetensors <-> NNX through dockyard.models.name_map
   train.py         AdamW schedule, jitted train_step (micro-batch accumulation) and logprob_step
-  checkpoint.py    one orbax CheckpointManager: model + optimizer + step + grain iterator, best-k
+  checkpoint.py    one orbax CheckpointManager: model + optimizer + step + grain iterator
   data.py          grain MapDataset pipelines
   policy.py        JaxPolicy, the `dockyard.policy.Policy` implementation
   sft.py           the masked-NLL SFT loop (GRPO warm start) and its CLI

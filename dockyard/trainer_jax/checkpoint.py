@@ -1,10 +1,9 @@
 """Training checkpoints: one orbax `CheckpointManager` for model + optimizer + step + data iterator.
 
 Each checkpoint is a composite of `nnx.state(model)`, `nnx.state(optimizer)` (its step and Adam
-moments), a small JSON of bookkeeping (step, metrics) and, when given, the grain iterator's state.
-Retention: the newest `keep_latest` checkpoints (to resume from) plus the best `keep_top_k` by
-`metric` (`metric_mode` max|min) among those saved with metrics; orbax's preservation policies do
-both at once, so resuming never depends on the newest checkpoint happening to be among the best.
+moments), a small JSON of bookkeeping (step, extras) and, when given, the grain iterator's state.
+Retention: the newest `keep_latest` checkpoints. Keeping the best by a validation metric is the
+GRPO loop's (`dockyard.grpo.checkpoints.BestK`, one for both trainers), not the trainer's.
 """
 from __future__ import annotations
 
@@ -19,46 +18,24 @@ from orbax.checkpoint import checkpoint_managers as cm
 
 
 class Checkpointer:
-  def __init__(self, directory: str, *, keep_top_k: int | None = None, metric: str | None = None,
-               metric_mode: str = "max", keep_latest: int = 1, async_save: bool = False):
-    if metric_mode not in ("max", "min"):
-      raise ValueError(f"checkpoint metric_mode must be 'max' or 'min', got {metric_mode!r}")
-    if keep_top_k is not None and keep_top_k < 1:
-      raise ValueError(f"checkpoint keep_top_k must be >= 1, got {keep_top_k}")
-    policies: list[cm.PreservationPolicy] = [cm.LatestN(n=keep_latest)]
-    if keep_top_k and metric:
-      policies.append(cm.BestN(get_metric_fn=lambda m: m[metric], reverse=False, n=keep_top_k,
-                               keep_checkpoints_without_metrics=False))
-      self._best_sign = 1.0 if metric_mode == "max" else -1.0
-    self.metric = metric
+  def __init__(self, directory: str, *, keep_latest: int = 1, async_save: bool = False):
+    if keep_latest < 1:
+      raise ValueError(f"checkpoint keep_latest must be >= 1, got {keep_latest}")
     self.directory = os.path.abspath(directory)
-    options = ocp.CheckpointManagerOptions(
-        preservation_policy=cm.AnyPreservationPolicy(policies) if len(policies) > 1 else policies[0],
-        enable_async_checkpointing=async_save, create=True)
+    options = ocp.CheckpointManagerOptions(preservation_policy=cm.LatestN(n=keep_latest),
+                                           enable_async_checkpointing=async_save, create=True)
     self.manager = ocp.CheckpointManager(self.directory, options=options)
 
-  def _ranked(self, metrics: Mapping[str, float] | None):
-    # BestN keeps the largest get_metric_fn values; a 'min' metric is stored negated under a
-    # private key so the original value stays readable.
-    if metrics is None or not self.metric:
-      return metrics
-    if self.metric not in metrics:
-      raise KeyError(f"checkpoint metric {self.metric!r} missing from metrics {sorted(metrics)}")
-    out = {k: float(v) for k, v in metrics.items()}
-    out[self.metric] = self._best_sign * float(metrics[self.metric])
-    return out
-
   def save(self, step: int, model: nnx.Module, optimizer: nnx.Optimizer, *, data_iter=None,
-           metrics: Mapping[str, float] | None = None, extra: Mapping[str, Any] | None = None) -> None:
+           extra: Mapping[str, Any] | None = None) -> None:
     args = dict(
         model=ocp.args.StandardSave(nnx.state(model)),
         optimizer=ocp.args.StandardSave(nnx.state(optimizer)),
-        meta=ocp.args.JsonSave({"step": int(step), "metrics": dict(metrics or {}), **(extra or {})}),
+        meta=ocp.args.JsonSave({"step": int(step), **(extra or {})}),
     )
     if data_iter is not None:
       args["data"] = grain.checkpoint.CheckpointSave(data_iter)
-    self.manager.save(int(step), args=ocp.args.Composite(**args), metrics=self._ranked(metrics),
-                      force=True)
+    self.manager.save(int(step), args=ocp.args.Composite(**args), force=True)
     self.manager.wait_until_finished()
 
   def latest_step(self) -> int | None:

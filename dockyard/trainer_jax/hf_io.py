@@ -1,4 +1,4 @@
-"""HF checkpoint directories <-> the NNX decoder, through `dockyard.refit.name_map`.
+"""HF checkpoint directories <-> the NNX decoder, through `dockyard.models.name_map`.
 
 `from_hf(path, mesh, rules)` reads config.json + safetensors (one file, or shards listed in
 `model.safetensors.index.json`), builds the decoder abstractly, and places each tensor straight
@@ -18,10 +18,10 @@ from flax import nnx
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from dockyard.refit import name_map
+from dockyard.models import name_map
 from dockyard.trainer_jax import sharding as shd
 from dockyard.trainer_jax.model import Decoder
-from dockyard.trainer_jax.model_config import ModelConfig
+from dockyard.models.model_config import ModelConfig
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"

@@ -4,7 +4,7 @@ RMSNorm, RoPE (default / linear / llama3 scaling), grouped-query attention, SwiG
 bias, Qwen3's q/k norm, tied or untied embeddings; all chosen by `ModelConfig`. Parameters carry
 logical axis names only ('vocab', 'embed', 'mlp', 'heads'); the mesh and the rules that map them
 to devices are applied at the edge (`dockyard.trainer_jax.sharding`). The parameter paths here
-are the left column of `dockyard.refit.name_map`.
+are the left column of `dockyard.models.name_map`.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from dockyard.trainer_jax.model_config import ModelConfig
+from dockyard.models.model_config import ModelConfig
 
 _INIT = nnx.initializers.normal(0.02)
 

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dockyard.policy import LossFn, Policy, TrainBatch, check_layout
-from dockyard.refit import name_map
+from dockyard.models import name_map
 from dockyard.trainer_jax import hf_io, train
 from dockyard.trainer_jax import sharding as shd
 from dockyard.trainer_jax.checkpoint import Checkpointer
@@ -43,8 +43,7 @@ def _get(config, path: str, default):
 
 class JaxPolicy(Policy):
   def __init__(self, model, optimizer, mesh, rules, optim: Mapping[str, Any], total_steps: int,
-               *, micro_batch_size: int, bucket: int = 64, source_dir: str | None = None,
-               checkpoint_config=None):
+               *, micro_batch_size: int, bucket: int = 64, source_dir: str | None = None):
     self.model, self.optimizer, self.mesh, self.rules = model, optimizer, mesh, tuple(rules)
     self.optim, self.total_steps = dict(optim), int(total_steps)
     self.micro_batch_size, self.bucket, self.source_dir = int(micro_batch_size), int(bucket), source_dir
@@ -52,7 +51,6 @@ class JaxPolicy(Policy):
     if self.micro_batch_size % batch_axes:
       raise ValueError(f"config.optim.micro_batch_size={self.micro_batch_size} must be a multiple of "
                        f"the mesh's batch axes size ({batch_axes}), which split each micro-batch")
-    self.checkpoint_config = checkpoint_config  # config.checkpoint: best-k retention for `save`
     self._checkpointers: dict[str, Checkpointer] = {}
 
   @classmethod
@@ -76,8 +74,7 @@ class JaxPolicy(Policy):
     optimizer = train.make_optimizer(model, config.optim, total, mesh)
     return cls(model, optimizer, mesh, rules, config.optim, total,
                micro_batch_size=int(config.optim.micro_batch_size),
-               bucket=int(_get(config, "policy.seq_bucket", 64)), source_dir=path,
-               checkpoint_config=_get(config, "checkpoint", None))
+               bucket=int(config.policy.seq_bucket), source_dir=path)
 
   # --- batches -------------------------------------------------------------------------------
 
@@ -155,25 +152,19 @@ class JaxPolicy(Policy):
     hf_io.save_hf(self.model, path, self.source_dir, **kw)
 
   def checkpointer(self, directory: str) -> Checkpointer:
-    """The (cached) manager of `directory`: the newest checkpoint, plus the best
-    `checkpoint.keep_top_k` by `checkpoint.metric` among saves that pass metrics."""
+    """The (cached) manager of `directory`: it keeps the newest checkpoint."""
     key = os.path.abspath(directory)
     if key in self._checkpointers and not os.path.isdir(key):
       # Its directory was moved or removed (the GRPO loop renames latest.tmp -> latest): the
       # cached manager's list of steps is stale and its retention would try to delete them.
       del self._checkpointers[key]
     if key not in self._checkpointers:
-      c = self.checkpoint_config
-      kw = {} if c is None else dict(keep_top_k=int(c.keep_top_k), metric=c.metric,
-                                     metric_mode=c.metric_mode)
-      self._checkpointers[key] = Checkpointer(directory, **kw)
+      self._checkpointers[key] = Checkpointer(directory)
     return self._checkpointers[key]
 
-  def save(self, directory: str, *, data_iter=None, metrics=None) -> None:
-    """Saves weights, optimizer, step (+ the grain iterator). `metrics`, when given, must hold
-    `checkpoint.metric`: it ranks this checkpoint for best-k retention."""
-    self.checkpointer(directory).save(self.step, self.model, self.optimizer, data_iter=data_iter,
-                                      metrics=metrics)
+  def save(self, directory: str, *, data_iter=None) -> None:
+    """Saves weights, optimizer, step (+ the grain iterator) as `directory/<step>/`."""
+    self.checkpointer(directory).save(self.step, self.model, self.optimizer, data_iter=data_iter)
 
   def restore(self, directory: str, *, data_iter=None, step: int | None = None) -> dict:
     """Restores the newest checkpoint (or `step`) in place; returns its bookkeeping JSON."""

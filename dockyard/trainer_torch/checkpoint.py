@@ -4,9 +4,9 @@
 `CheckpointManager` does), so the loops drive both backends the same way. Each holds the DCP
 shards of `{"model", "optim"}` from `get_state_dict` (sharded DTensors: every rank writes its own
 shards in parallel; `dcp.load` reads them back in place and reshards if the world size changed),
-`meta.json` (step, metrics, the LR override) and, when given, the data iterator's state.
-Retention: the newest `keep_latest` plus the best `keep_top_k` by `metric` (max|min), as on the
-JAX side. A step directory is written under a temporary name and renamed when complete.
+`meta.json` (step, the LR override) and, when given, the data iterator's state.
+Retention: the newest `keep_latest`, as on the JAX side (the best by a validation metric is the
+GRPO loop's, `dockyard.grpo.checkpoints.BestK`). A step directory is written under a temporary name and renamed when complete.
 """
 from __future__ import annotations
 
@@ -33,14 +33,11 @@ def _barrier() -> None:
 
 
 class Checkpointer:
-  def __init__(self, directory: str, *, keep_top_k: int | None = None, metric: str | None = None,
-               metric_mode: str = "max", keep_latest: int = 1):
-    if metric_mode not in ("max", "min"):
-      raise ValueError(f"checkpoint metric_mode must be 'max' or 'min', got {metric_mode!r}")
-    if keep_top_k is not None and keep_top_k < 1:
-      raise ValueError(f"checkpoint keep_top_k must be >= 1, got {keep_top_k}")
+  def __init__(self, directory: str, *, keep_latest: int = 1):
+    if keep_latest < 1:
+      raise ValueError(f"checkpoint keep_latest must be >= 1, got {keep_latest}")
     self.directory = os.path.abspath(directory)
-    self.keep_top_k, self.metric, self.metric_mode, self.keep_latest = keep_top_k, metric, metric_mode, keep_latest
+    self.keep_latest = keep_latest
 
   def all_steps(self) -> list[int]:
     if not os.path.isdir(self.directory):
@@ -53,9 +50,7 @@ class Checkpointer:
     return steps[-1] if steps else None
 
   def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, data_iter=None,
-           metrics: Mapping[str, float] | None = None, extra: Mapping[str, Any] | None = None) -> None:
-    if metrics is not None and self.metric and self.keep_top_k and self.metric not in metrics:
-      raise KeyError(f"checkpoint metric {self.metric!r} missing from metrics {sorted(metrics)}")
+           extra: Mapping[str, Any] | None = None) -> None:
     final = os.path.join(self.directory, str(int(step)))
     tmp = final + ".tmp"
     if _rank() == 0:
@@ -65,7 +60,7 @@ class Checkpointer:
     model_sd, optim_sd = get_state_dict(model, optimizer)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp)
     if _rank() == 0:  # every rank holds the same bookkeeping and data iterator (SPMD loop)
-      meta = {"step": int(step), "metrics": {k: float(v) for k, v in (metrics or {}).items()}, **(extra or {})}
+      meta = {"step": int(step), **(extra or {})}
       with open(os.path.join(tmp, META), "w") as f:
         json.dump(meta, f)
       if data_iter is not None:
@@ -85,15 +80,7 @@ class Checkpointer:
 
   def _prune(self) -> None:
     steps = self.all_steps()
-    keep = set(steps[-self.keep_latest:]) if self.keep_latest > 0 else set()
-    if self.keep_top_k and self.metric:
-      scored = []
-      for s in steps:
-        with open(os.path.join(self.directory, str(s), META)) as f:
-          value = json.load(f)["metrics"].get(self.metric)
-        if value is not None:
-          scored.append((value if self.metric_mode == "max" else -value, s))
-      keep |= {s for _, s in sorted(scored, reverse=True)[:self.keep_top_k]}
+    keep = set(steps[-self.keep_latest:])
     for s in steps:
       if s not in keep:
         shutil.rmtree(os.path.join(self.directory, str(s)), ignore_errors=True)

@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from dockyard.policy import LossFn, Policy, TrainBatch, check_layout
-from dockyard.refit import name_map
-from dockyard.trainer_jax.model_config import ModelConfig  # pure Python: the name-map's config
+from dockyard.models import name_map
+from dockyard.models.model_config import ModelConfig  # pure Python: the name-map's config
 from dockyard.trainer_torch import checkpoint, dist, optim
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -140,7 +140,6 @@ class TorchPolicy(Policy):
       self._schedule_offset += self._step - self._override_start
     self._lr_override = None if lr is None else float(lr)
 
-  set_learning_rate = set_lr  # the name the GRPO loop's SFT warm start calls (dockyard.grpo.sft)
 
   # ---- forward ----------------------------------------------------------------------------------
 
@@ -242,21 +241,17 @@ class TorchPolicy(Policy):
 
   # ---- checkpoints (the same calls as JaxPolicy's, so the loops need no backend branch) ---------
 
-  def checkpointer(self, directory: str, checkpoint_config=None) -> checkpoint.Checkpointer:
-    """The (cached) manager of `directory`, with best-k retention from `config.checkpoint`."""
+  def checkpointer(self, directory: str) -> checkpoint.Checkpointer:
+    """The (cached) manager of `directory`: it keeps the newest checkpoint."""
     key = os.path.abspath(directory)
     if key not in self._checkpointers:
-      kw = {}
-      if checkpoint_config is not None:
-        kw = dict(keep_top_k=int(checkpoint_config.keep_top_k), metric=checkpoint_config.metric,
-                  metric_mode=checkpoint_config.metric_mode)
-      self._checkpointers[key] = checkpoint.Checkpointer(directory, **kw)
+      self._checkpointers[key] = checkpoint.Checkpointer(directory)
     return self._checkpointers[key]
 
-  def save(self, directory: str, *, data_iter=None, metrics=None) -> None:
+  def save(self, directory: str, *, data_iter=None) -> None:
     """Saves model, AdamW state and step as `directory/<step>/` (DCP)."""
     self.checkpointer(directory).save(self._step, self.model, self.optimizer, data_iter=data_iter,
-                                      metrics=metrics, extra={"lr_override": self._lr_override,
+                                      extra={"lr_override": self._lr_override,
                                              "schedule_offset": self._schedule_offset,
                                              "override_start": self._override_start})
 

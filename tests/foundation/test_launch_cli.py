@@ -86,7 +86,7 @@ def test_sweep_dry_run_lists_trials():
   assert result.returncode == 0, result.stderr
   lines = [l for l in result.stdout.splitlines() if l.startswith("[")]
   assert len(lines) == 4
-  assert "--config.optim.lr=1e-06" in lines[0] and "--config.grpo.num_generations_per_prompt=8" in lines[1]
+  assert "--config.optim.lr=2.5e-05" in lines[0] and "--config.grpo.num_generations_per_prompt=8" in lines[1]
   workdirs = [l.split("workdir=")[1] for l in lines]
   assert len(set(workdirs)) == 4
 
@@ -95,7 +95,7 @@ def test_sweep_rejects_a_typo_in_get_hyper(tmp_path):
   cfg = tmp_path / "bad.py"
   cfg.write_text(
       "import sys\nsys.path.insert(0, %r)\nfrom configs.swe import get_config\n"
-      "def get_hyper(h):\n  return h.sweep('config.optim.lrr', [1.0])\n" % ROOT)
+      "def get_hyper(h, arg=None):\n  return h.sweep('config.optim.lrr', [1.0])\n" % ROOT)
   result = launch(f"--config={cfg}", "--dry_run", module="launch.sweep")
   assert result.returncode != 0
   assert "config.optim.lrr" in result.stderr and "did you mean 'optim.lr'" in result.stderr

@@ -186,9 +186,6 @@ class FakeSynchronizer:
     self.calls: list[str] = []
     self._version = 0
 
-  def mark_stale(self):
-    self.calls.append("mark_stale")
-
   def sync_weights(self) -> dict:
     self.calls.append("sync_weights")
     self._version += 1
@@ -200,9 +197,11 @@ class FakeSynchronizer:
     return {"canary_max_abs_logprob_delta": float(np.abs(want - got).max()), "version": self._version,
             "ok": True}
 
-  def prepare_for_generation(self):
+  def refit(self) -> dict:
+    metrics = self.sync_weights()
     self.calls.append("prepare_for_generation")
     self.generator.prepare_for_generation()
+    return metrics
 
   @property
   def version(self) -> int:

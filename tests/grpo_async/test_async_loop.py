@@ -14,6 +14,7 @@ from async_parts import FirstDigitEnv, SlowGenerator, async_config
 from dockyard import policy_factory, validate
 from dockyard.envs.base import Reward
 from dockyard.envs.math import MathConfig, MathEnv
+from dockyard.rollout.base import BatchedAgenerate
 from dockyard.grpo import async_source, loss_spec, step
 from dockyard.grpo.batch import make_train_batch
 from grpo_fakes import BigramPolicy, FakeSynchronizer, run_grpo
@@ -181,8 +182,9 @@ def test_a_collector_failure_reaches_the_trainer(tokenizer, tmp_path):
     run(config, tokenizer, tmp_path, fail_on_call=2)
 
 
-class BatchingGenerator(SlowGenerator):
-  """An in-process engine's `generate_many`: one call serves every request queued meanwhile."""
+class BatchingGenerator(BatchedAgenerate, SlowGenerator):
+  """An in-process engine's `generate_many`: one call serves every request queued meanwhile
+  (`BatchedAgenerate`, the seam's batching `agenerate`, as `VLLMEngine` has it)."""
 
   def __init__(self, *a, **kw):
     super().__init__(*a, **kw)

@@ -1,4 +1,4 @@
-"""Evaluation end to end on the tiny local model: `python -m dockyard.eval` (local Ray, CPU vLLM, the
+"""Evaluation end to end on the tiny local model: `python -m dockyard.launch --config.run.mode=eval` (local Ray, CPU vLLM, the
 JAX policy) on a few held-out sums reports greedy pass@1 and sampled pass@k with their intervals,
 and every number in eval.json is recomputed here from the completions it wrote (eval_samples.jsonl).
 
@@ -25,7 +25,8 @@ N_TASKS, N_SAMPLES, K = 8, 12, 4
 @pytest.fixture(scope="module")
 def eval_run(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("math_eval"))
-  cmd = [sys.executable, "-m", "dockyard.eval", "--config=configs/math.py", f"--workdir={workdir}",
+  cmd = [sys.executable, "-m", "dockyard.launch", "--config=configs/math.py", "--config.run.mode=eval",
+         f"--workdir={workdir}",
          "--config.env.math.max_operand=2", "--config.env.math.num_train=1",
          f"--config.env.math.num_validation={N_TASKS}", f"--config.eval.pass_k={K}",
          f"--config.eval.num_samples={N_SAMPLES}", "--config.logging.tensorboard=False"]

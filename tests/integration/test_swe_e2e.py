@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from dockyard import policy_factory
-from dockyard.grpo.batch import encode_prompt
+from dockyard.rollout.chat import encode_prompt
 from dockyard.grpo.loop import grpo_train
 from dockyard.grpo.sft import sft_warmup
 from dockyard.grpo.source import SyncSource

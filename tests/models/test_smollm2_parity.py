@@ -156,7 +156,7 @@ def _assert_close(ours, theirs, batch, who):
 def test_converted_directory_is_plain_fp32_hf(model_dir, tokenizer):
   from safetensors import safe_open
 
-  from dockyard.trainer_jax.model_config import ModelConfig
+  from dockyard.models.model_config import ModelConfig
   with open(os.path.join(model_dir, "config.json")) as f:
     hf = json.load(f)
   assert "quantization_config" not in hf and hf["architectures"] == ["LlamaForCausalLM"]
@@ -185,8 +185,8 @@ def test_jax_logprobs_match_transformers(jax_policy, batch, reference_logprobs):
 
 @pytest.fixture(scope="module")
 def greedy_prompts(tokenizer):
-  from dockyard.rollout.chat import chat_prompt_ids
-  return [chat_prompt_ids(tokenizer, [{"role": "user", "content": p}]) for p in GREEDY_PROMPTS]
+  from dockyard.rollout.chat import encode_prompt
+  return [encode_prompt(tokenizer, [{"role": "user", "content": p}]) for p in GREEDY_PROMPTS]
 
 
 @pytest.fixture(scope="module")

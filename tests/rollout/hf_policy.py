@@ -21,6 +21,7 @@ class HFTorchPolicy(Policy):
   def __init__(self, model):
     self.model = model.eval()
     self._step = 0
+    self.lr = 1e-2
 
   @classmethod
   def from_hf(cls, path, config=None):
@@ -37,7 +38,7 @@ class HFTorchPolicy(Policy):
     return (out * mask).numpy()
 
   def train_step(self, batch, loss_fn):
-    """One plain SGD step (lr 1e-2) on loss_fn(logprobs, loss_mask, extras)."""
+    """One plain SGD step (lr 1e-2, or `set_lr`'s) on loss_fn(logprobs, loss_mask, extras)."""
     self.model.train()
     ids = torch.as_tensor(batch.input_ids, dtype=torch.long)
     logits = self.model(input_ids=ids, attention_mask=torch.as_tensor(batch.attention_mask)).logits / batch.temperature
@@ -53,10 +54,13 @@ class HFTorchPolicy(Policy):
     with torch.no_grad():
       for p in self.model.parameters():
         if p.grad is not None:
-          p -= 1e-2 * p.grad
+          p -= self.lr * p.grad
     self.model.eval()
     self._step += 1
     return {"loss": float(loss), **{k: float(v) for k, v in metrics.items()}}
+
+  def set_lr(self, lr):
+    self.lr = 1e-2 if lr is None else float(lr)
 
   def named_weights(self):
     tied = bool(getattr(self.model.config, "tie_word_embeddings", False))

@@ -63,8 +63,7 @@ def test_object_store_sync_reaches_every_engine(fleet, policy, config):
   assert isinstance(sync.transport, ObjectStoreTransport)
   start = sync.version
   policy.perturb(0.5, seed=11)
-  sync.mark_stale()
-  metrics = sync.prepare_for_generation()
+  metrics = sync.refit()
   assert sync.version == fleet.weight_version == start + 1
   assert metrics["refit/canary/max_abs_logprob_delta"] <= config.refit.canary.max_abs_logprob_delta
   out = fleet.generate(PROMPTS, n=1, sampling=SamplingParams(max_tokens=6, seed=2))
@@ -76,8 +75,7 @@ def test_object_store_sync_reaches_every_engine(fleet, policy, config):
 def test_killed_engine_is_restarted_and_requests_retried(fleet, policy, config):
   sync = create_weight_synchronizer(config, policy, fleet)
   policy.perturb(0.3, seed=12)
-  sync.mark_stale()
-  sync.prepare_for_generation()
+  sync.refit()
   restarts, pids = fleet.restarts, fleet.engine_pids()
   result = {}
   t = threading.Thread(target=lambda: result.setdefault(
@@ -103,8 +101,7 @@ def test_killed_engine_is_restarted_and_requests_retried(fleet, policy, config):
 def test_sync_during_generation_does_not_corrupt_completed_requests(fleet, policy, config):
   sync = create_weight_synchronizer(config, policy, fleet)
   policy.perturb(0.3, seed=13)
-  sync.mark_stale()
-  sync.prepare_for_generation()
+  sync.refit()
   old_version, old_policy = sync.version, copy.deepcopy(policy)
   result = {}
   t = threading.Thread(target=lambda: result.setdefault(
@@ -115,8 +112,7 @@ def test_sync_during_generation_does_not_corrupt_completed_requests(fleet, polic
     time.sleep(0.02)
   assert t.is_alive(), "generation ended before the sync could overlap it"
   policy.perturb(0.5, seed=14)  # "the trainer took a step" while the engines are sampling
-  sync.mark_stale()
-  sync.prepare_for_generation()
+  sync.refit()
   t.join(timeout=240)
   flat = [c for g in result["out"] for c in g]
   assert sync.version == old_version + 1

@@ -4,7 +4,7 @@ import pytest
 import transformers
 
 from dockyard.rollout.base import SamplingParams
-from dockyard.rollout.chat import chat_prompt_ids
+from dockyard.rollout.chat import encode_prompt
 from tests.rollout.hf_policy import LOGPROB_TOL, batch_of, hf_greedy
 
 PROMPTS = [[5, 6, 7, 8, 9], [100, 200, 300]]
@@ -57,16 +57,16 @@ def test_bad_prompts_are_named(engine):
     engine.generate(["hello"], n=1, sampling=SamplingParams(max_tokens=2))
 
 
-def test_chat_prompt_ids_uses_the_template(tiny_path):
+def test_encode_prompt_uses_the_template(tiny_path):
   tok = transformers.AutoTokenizer.from_pretrained(tiny_path)
   msgs = [{"role": "system", "content": "Fix the bug."}, {"role": "user", "content": "x = 1 + 1"}]
-  ids = chat_prompt_ids(tok, msgs)
+  ids = encode_prompt(tok, msgs)
   assert tok.decode(ids) == ("<|im_start|>system\nFix the bug.<|im_end|>\n<|im_start|>user\n"
                              "x = 1 + 1<|im_end|>\n<|im_start|>assistant\n")
   with pytest.raises(ValueError, match="message 0 needs 'role' and 'content'"):
-    chat_prompt_ids(tok, [{"content": "no role"}])
+    encode_prompt(tok, [{"content": "no role"}])
   with pytest.raises(ValueError, match="empty"):
-    chat_prompt_ids(tok, [])
+    encode_prompt(tok, [])
 
 
 @pytest.mark.slow

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from dockyard.refit import name_map
-from dockyard.trainer_jax.model_config import ModelConfig
+from dockyard.models import name_map
+from dockyard.models.model_config import ModelConfig
 
 BASE = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6)

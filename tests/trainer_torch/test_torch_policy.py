@@ -7,7 +7,7 @@ from safetensors.numpy import load_file
 
 import torch_common
 from dockyard.policy import TrainBatch
-from dockyard.refit import name_map
+from dockyard.models import name_map
 from dockyard.trainer_torch import optim
 from dockyard.trainer_torch.loss import make_pg_loss
 
@@ -159,30 +159,27 @@ def test_factory_picks_the_backend_and_its_losses(model_path):
     policy_factory.make_policy(cfg, model_path)
 
 
-def test_checkpoints_keep_latest_and_best_and_restore_bookkeeping(build_policy, tmp_path):
-  """Same calls as JaxPolicy: save(dir, data_iter, metrics) -> dir/<step>/; restore -> meta."""
+def test_checkpoints_keep_latest_and_restore_bookkeeping(build_policy, tmp_path):
+  """Same calls as JaxPolicy: save(dir, data_iter) -> dir/<step>/; restore -> meta."""
   import grain
-  import ml_collections
-  retention = ml_collections.ConfigDict(dict(keep_top_k=1, metric="val/acc", metric_mode="max"))
   policy = build_policy(warmup_steps=0)
   directory = str(tmp_path / "ckpt")
-  policy.checkpointer(directory, retention)
   loss_fn = make_pg_loss(torch_common.loss_config(policy.config))
   it = iter(grain.MapDataset.range(100).to_iter_dataset())
-  for step, acc in enumerate((0.5, 0.9, 0.1)):
+  for step in range(3):
     batch = torch_common.make_batch(seed=step)
     policy.train_step(torch_common.with_prev(batch, policy.logprobs(batch)), loss_fn)
     next(it)
     if step == 2:
-      policy.set_learning_rate(0.123)   # dockyard.grpo.sft's name for JaxPolicy.set_lr
-    policy.save(directory, data_iter=it, metrics={"val/acc": acc})
-  assert policy.checkpointer(directory).all_steps() == [2, 3]   # the best (0.9) and the latest
+      policy.set_lr(0.123)
+    policy.save(directory, data_iter=it)
+  assert policy.checkpointer(directory).all_steps() == [3]   # the latest
   weights = dict(policy.named_weights())
 
   fresh = build_policy(warmup_steps=0)
   fresh_it = iter(grain.MapDataset.range(100).to_iter_dataset())
   meta = fresh.restore(directory, data_iter=fresh_it)
-  assert (fresh.step, meta["metrics"]["val/acc"], meta["lr_override"]) == (3, 0.1, 0.123)
+  assert (fresh.step, meta["lr_override"]) == (3, 0.123)
   assert next(fresh_it) == 3
   for name, arr in fresh.named_weights():
     np.testing.assert_array_equal(arr, weights[name], err_msg=name)
@@ -193,7 +190,8 @@ def test_checkpoints_keep_latest_and_best_and_restore_bookkeeping(build_policy, 
   lr = fresh.train_step(torch_common.with_prev(batch, fresh.logprobs(batch)), loss_fn)["lr"]
   assert lr == pytest.approx(optim.lr_at(3, fresh._optim, fresh._total_steps))
   assert lr != pytest.approx(optim.lr_at(4, fresh._optim, fresh._total_steps))
-  assert fresh.restore(directory, step=2)["step"] == 2 and fresh.step == 2
+  with pytest.raises(FileNotFoundError):
+    fresh.restore(directory, step=2)   # pruned: only the latest is kept
   with pytest.raises(ValueError, match="learning rate"):
     fresh.set_lr(-1.0)
 

@@ -1,6 +1,6 @@
 """The decoder's architecture as a dataclass, read from an HF `config.json` (Qwen2 / Qwen3 / Llama).
 
-Pure Python (no JAX import) so that the refit name-map and the rollout side can use it too. Every
+Pure Python (no JAX import): both trainers and the name-map (`name_map.py`) use it. Every
 knob the decoder and the name-map need lives here; anything in config.json that would change the
 math but is not implemented (sliding windows, unknown RoPE types, other activations) is refused
 with an error that names the key, instead of silently producing a different model.

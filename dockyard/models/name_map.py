@@ -21,7 +21,7 @@ from typing import Iterable, Iterator, Mapping
 
 import numpy as np
 
-from dockyard.trainer_jax.model_config import ModelConfig
+from dockyard.models.model_config import ModelConfig
 
 TRANSFORMS = ("identity", "transpose", "heads_in", "heads_out", "heads_bias")
 
