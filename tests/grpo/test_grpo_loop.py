@@ -232,7 +232,7 @@ def test_grpo_train_learns_logs_checkpoints_and_resumes(tokenizer, tmp_path):
     assert (r["val/pass@1_ci95_lo"], r["val/pass@1_ci95_hi"]) == pytest.approx(estimators.wilson_interval(wins, 8))
     assert r["val/pass@1_ci95_lo"] <= r["val/pass@1"] <= r["val/pass@1_ci95_hi"]
   # refit after every step, in order, and generation only ever saw fresh weights
-  assert sync.calls == ["mark_stale", "sync_weights", "prepare_for_generation"] * 12
+  assert sync.calls == ["sync_weights", "prepare_for_generation"] * 12
   assert gen.weight_version == policy.step == 12 == steps[-1]["weight_version"]
   assert gen.requests[0] == (8, 1, 0.0, config.run.seed)          # validation: greedy, one each
   assert gen.requests[1][:3] == (4, 8, 1.0)
@@ -250,7 +250,7 @@ def test_grpo_train_learns_logs_checkpoints_and_resumes(tokenizer, tmp_path):
                   tokenizer=tokenizer, train_tasks=env.train, val_tasks=env.validation,
                   workdir=workdir, progress=False)
   assert res2.resumed_from == 12 and policy2.step == 14
-  assert sync2.calls[:3] == ["mark_stale", "sync_weights", "prepare_for_generation"]
+  assert sync2.calls[:2] == ["sync_weights", "prepare_for_generation"]
   rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
   assert [r["step"] for r in rows if "reward/raw_mean" in r][-2:] == [13, 14]
 

@@ -61,7 +61,7 @@ def test_async_training_learns_with_bounded_staleness(tokenizer, tmp_path):
   # ...and the staleness allowance kept a fast collector from generating groups only to drop them
   assert steps[-1]["buffer/dropped/stale"] == 0
   assert steps[-1]["buffer/added"] == 12 * 4 + steps[-1]["buffer/ready"]
-  assert sync.calls == ["mark_stale", "sync_weights", "prepare_for_generation"] * 12
+  assert sync.calls == ["sync_weights", "prepare_for_generation"] * 12
   assert [v["step"] for v in res.val_history] == [6, 12]
   state = json.load(open(tmp_path / "run" / "checkpoints" / "latest" / "loop_state.json"))
   assert state["step"] == 12 and state["buffer"]["version"] == 12
