@@ -7,8 +7,10 @@ process (no torchrun) gets a one-rank gloo group, so the same FSDP2/DTensor code
 """
 from __future__ import annotations
 
+import atexit
 import math
 import os
+import time
 
 import numpy as np
 import torch
@@ -31,6 +33,22 @@ def ensure_process_group() -> None:
     dist.init_process_group(backend)
   else:  # an in-memory store: nothing to rendezvous with
     dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+  atexit.register(_drain_and_destroy)
+
+
+def _drain_and_destroy() -> None:
+  """At exit: give gloo's worker threads the GIL, then destroy the group.
+
+  A gloo worker thread that finished an async collective (FSDP2's all-gathers) drops the work's
+  last reference to its output tensor, which needs the GIL. If the interpreter is already
+  finalizing, that thread is made to exit while unwinding a noexcept destructor and the whole
+  process aborts ("terminate called without an active exception") after its work is done, at
+  random (torch 2.13, gloo). Sleeping here releases the GIL so those threads finish first.
+  """
+  if not dist.is_initialized():
+    return
+  time.sleep(0.2)
+  dist.destroy_process_group()
 
 
 def fsdp_mesh() -> DeviceMesh:
