@@ -163,7 +163,9 @@ def test_abort_resubmits_groups_whose_weights_changed(tokenizer, tmp_path):
   # Calls 0-3 fill the staleness allowance at version 0; calls 4 and 5 start after step 1's push
   # and are made to last until step 2's push: their weights change under them.
   _, steps, log, (_, gen, _) = run(config, tokenizer, tmp_path, straddle_calls={4, 5})
-  assert steps[-1]["async/resubmitted"] == 2
+  # At least those two: under load any other call can also return just after a push, and abort
+  # rightly redoes it too (CI saw 3), so the count is a lower bound, not an exact figure.
+  assert steps[-1]["async/resubmitted"] >= 2
   # every resubmission is a fresh engine call (calls still in flight at the end are extra)
   assert gen.calls >= steps[-1]["buffer/added"] + steps[-1]["async/resubmitted"]
   assert steps[-1]["buffer/added"] >= 3 * 2
