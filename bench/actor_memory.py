@@ -10,10 +10,9 @@ heap to the OS, 0.8 GB per round on this model: ~1.5x), a healthy actor by ~0x. 
   python bench/actor_memory.py [--smoke | --quick]
 
 `--smoke` (CI: tests/bench) runs 2 rounds on the default tiny model (1.7 MB: its ratio means
-little); `--quick` 4 rounds on
-SmolLM2; the default 10. Ends with `RESULT actor_rss_growth_per_refit <growth per round / refit
-bytes> x`, the growth taken from the first round's end to the last's (the first round also warms
-vLLM up).
+little); `--quick` 4 rounds on SmolLM2; the default 10. Ends with
+`RESULT actor_rss_growth_per_refit <growth per round / refit bytes> x`, the growth taken from the
+first round's end to the last's (the first round also warms vLLM up).
 """
 from __future__ import annotations
 
