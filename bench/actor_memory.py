@@ -4,8 +4,9 @@ A Ray `RolloutFleet` of one CPU vLLM engine serves SmolLM2-135M-Instruct (`packa
 as the smollm GRPO config does; each round generates 8 prompts x 8 samples x 32 tokens, then
 refits all weights through the object store (the fleet's default transport). The actor's RssAnon
 is read from /proc after every round. The baseline printed beside it is the size of one refit's
-weights: a leak of the refit's buffers grows by ~1x per round (before the workers returned freed
-heap to the OS, 0.8 GB per round on this model: ~1.5x), a healthy actor by ~0x. Measured: 1.113x before `worker_ext` trimmed the heap, 0.032x after.
+weights: an actor that keeps a refit's buffers grows by ~1x of it per round, a healthy one by ~0x.
+Measured on SmolLM2 with `--quick`: 1.113x before the workers returned freed heap to the OS after
+a reload (`dockyard/rollout/worker_ext.py`), 0.032x after.
 
   python bench/actor_memory.py [--smoke | --quick]
 
