@@ -37,7 +37,7 @@ class Package:
   module: str           # the importable package under test (checked not shadowed by site-packages)
   split: str            # train | validation | test (by package: test packages never seen in training)
   test_globs: tuple[str, ...] = ("tests/test_*.py",)
-  max_kept: int = 0     # per-package cap on kept tasks (0: the builder's --max-kept); for slow suites
+  max_kept: int = 0     # per-package cap on kept tasks (0: the builder's --max_kept); for slow suites
 
   @property
   def repo_dirname(self) -> str:
