@@ -1,7 +1,9 @@
 r"""The entry point: `python -m dockyard.launch --config=configs/swe.py[:ARG] --config.a.b=v --workdir=DIR`.
 
 Validates the config (unknown keys, types, cross-field rules) before any model loads, writes the
-workdir, prints the run plan, then builds the parts and runs the loop (`dockyard.runner`).
+workdir, prints the run plan, then builds the parts and runs the loop (`dockyard.runner`) with
+the output teed into `<workdir>/run.log` and third-party noise kept off the terminal
+(`dockyard.console`).
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from dockyard import console
 from dockyard import plan as plan_lib
 from dockyard import validate, workdir as workdir_lib
 
@@ -58,8 +61,10 @@ def main(argv):
   workdir = _WORKDIR.value or f"workdirs/{config.run.name}"
   paths = workdir_lib.prepare(workdir, config)
   logging.info("workdir: %s", paths["workdir"])
-  from dockyard import runner  # heavy imports (JAX, Ray, vLLM) only after validation
-  runner.run(config, paths)
+  print(f"full output (Ray, vLLM, warnings): {paths['log']}", flush=True)
+  with console.capture(paths["log"]):
+    from dockyard import runner  # heavy imports (JAX, Ray, vLLM) only after validation
+    runner.run(config, paths)
 
 
 if __name__ == "__main__":

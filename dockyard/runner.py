@@ -15,6 +15,8 @@ import os
 import time
 from typing import Any
 
+from dockyard import console
+
 log = logging.getLogger(__name__)
 
 
@@ -23,9 +25,11 @@ class ComponentError(RuntimeError):
 
 
 @contextlib.contextmanager
-def component(name: str):
+def component(name: str, doing: str = ""):
+  """Names `name` in any error of the block; `doing`, when given, is the block's progress line."""
   try:
-    yield
+    with console.phase(doing, enabled=bool(doing)):
+      yield
   except ComponentError:
     raise
   except KeyboardInterrupt:
@@ -64,11 +68,12 @@ def build_env(config, tokenizer, stack: contextlib.ExitStack) -> tuple[Any, list
   repos_dir = config.sandbox.repos_dir or None
   from dockyard.data import repos as repo_lib
   # The sdists are fetched (hash-checked) and the task repos rebuilt once per machine.
-  repo_lib.ensure_repos(config.data.manifest, train + val + test, repos_dir)
+  repo_lib.ensure_repos(config.data.manifest, train + val + test, repos_dir, progress=True)
   urls = list(config.env.code.sandbox_urls)
   if not urls:
     from dockyard.sandbox.fleet import start_local_fleet
-    urls, handle = start_local_fleet(config)
+    with console.phase("starting the local sandbox fleet"):
+      urls, handle = start_local_fleet(config)
     stack.callback(handle.shutdown)
   client = SandboxClient.from_config(config, urls=urls)
   count = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -82,17 +87,17 @@ def run(config, paths: dict[str, str]) -> None:
   from dockyard import ray_utils
   t0 = time.perf_counter()
   with contextlib.ExitStack() as stack:
-    with component("ray"):
+    with component("ray", "starting Ray"):
       ray = ray_utils.init_ray(config.run.ray_address)
       stack.callback(ray.shutdown)
-    with component("model"):
+    with component("model", "preparing the model and its tokenizer"):
       model_path = resolve_model(config)
       import transformers
       tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)
     with component("env"):
       env, train_tasks, val_tasks, test_tasks = build_env(config, tokenizer, stack)
     if config.run.mode == "eval":   # generation only: no trainer (its weights and memory), no refit
-      with component("rollout"):
+      with component("rollout", "starting the vLLM rollout engines"):
         from dockyard.rollout.fleet import RolloutFleet
         generator = RolloutFleet(config, model_path)
         stack.callback(generator.shutdown)
@@ -100,14 +105,14 @@ def run(config, paths: dict[str, str]) -> None:
       eval_lib.evaluate(config, generator=generator, env=env, tokenizer=tokenizer, tasks=test_tasks,
                         workdir=paths["workdir"])
       return
-    with component("trainer"):
+    with component("trainer", f"building the {config.policy.backend} trainer"):
       from dockyard import policy_factory
       policy = policy_factory.make_policy(config, model_path)
-    with component("rollout"):
+    with component("rollout", "starting the vLLM rollout engines"):
       from dockyard.rollout.fleet import RolloutFleet
       generator = RolloutFleet(config, model_path)
       stack.callback(generator.shutdown)
-    with component("refit"):
+    with component("refit", "connecting the trainer to the engines"):
       from dockyard.refit.synchronizer import create_weight_synchronizer
       synchronizer = create_weight_synchronizer(config, policy, generator)
     with component("source"):

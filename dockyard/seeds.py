@@ -30,7 +30,7 @@ def run_summary(workdir: str, metric: str) -> dict:
   if not os.path.exists(path):
     raise FileNotFoundError(f"{workdir}: no metrics.jsonl (is it a run's workdir?)")
   rows = workdir_lib.read_metrics(path)
-  by_step = _by_step(rows)
+  by_step = workdir_lib.by_step(rows)
   vals = sorted((s, float(r[metric])) for s, r in by_step.items() if r.get(metric) is not None)
   if not vals:
     raise ValueError(f"{workdir}: metrics.jsonl has no {metric!r}")
@@ -39,15 +39,6 @@ def run_summary(workdir: str, metric: str) -> dict:
   return dict(workdir=workdir, start=vals[0], end=vals[-1], best=max(vals, key=lambda v: v[1]),
               gain=vals[-1][1] - vals[0][1], steps=max((int(r["step"]) for r in timed_rows), default=0),
               wall_s=float(sum(r["time/step"] for r in timed_rows)), redone_steps=redone)
-
-
-def _by_step(rows: Sequence[dict]) -> dict[int, dict]:
-  """A resumed run appends the steps after its checkpoint again: per step, the last value of each
-  key counts (the wall time still counts every row: the time really spent)."""
-  by_step: dict[int, dict] = {}
-  for r in rows:
-    by_step[int(r["step"])] = {**by_step.get(int(r["step"]), {}), **r}
-  return dict(sorted(by_step.items()))
 
 
 def mean_sd(xs: Sequence[float]) -> tuple[float, float]:
@@ -81,7 +72,7 @@ def plot(workdirs: Sequence[str], metric: str, png: str, smooth: int = 10) -> st
   import matplotlib.pyplot as plt
   fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
   for w in workdirs:
-    rows = list(_by_step(workdir_lib.read_metrics(os.path.join(w, "metrics.jsonl"))).values())
+    rows = list(workdir_lib.by_step(workdir_lib.read_metrics(os.path.join(w, "metrics.jsonl"))).values())
     label = os.path.basename(os.path.normpath(w))
     v = [r for r in rows if r.get(metric) is not None]
     line, = top.plot([r["step"] for r in v], [r[metric] for r in v], marker="o", ms=3, label=label)
@@ -91,13 +82,10 @@ def plot(workdirs: Sequence[str], metric: str, png: str, smooth: int = 10) -> st
                        color=line.get_color(), alpha=0.12)
     t = [r for r in rows if r.get("reward/raw_mean") is not None]
     if t:
-      x = np.array([r["step"] for r in t])
-      y = np.array([r["reward/raw_mean"] for r in t], np.float64)
-      k = max(1, min(smooth, len(y)))
-      ys = np.convolve(y, np.ones(k) / k, mode="valid")   # trailing mean over k steps
-      bottom.plot(x[k - 1:], ys, color=line.get_color(), label=label)
+      bottom.plot([r["step"] for r in t], workdir_lib.trailing_mean([r["reward/raw_mean"] for r in t], smooth),
+                  color=line.get_color(), label=label)
   top.set_ylabel(f"{metric} (held out)")
-  bottom.set_ylabel(f"train reward (mean of {smooth} steps)")
+  bottom.set_ylabel(f"train reward (mean of the last {smooth} steps)")
   bottom.set_xlabel("step")
   for ax in (top, bottom):
     ax.grid(alpha=0.3)

@@ -1,14 +1,15 @@
-"""The run's workdir: `config.json`, `metrics.jsonl`, `tensorboard/`, `checkpoints/`.
+"""The run's workdir: `config.json`, `metrics.jsonl`, `run.log`, `tensorboard/`, `checkpoints/`.
 
 `MetricWriter` writes every step's scalars to JSONL and TensorBoard; `plot_curves` turns
-`metrics.jsonl` into a PNG. Re-running into the same workdir resumes from `checkpoints/`.
+`metrics.jsonl` into a PNG of `Panel`s. Re-running into the same workdir resumes from `checkpoints/`.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import ml_collections
 
@@ -18,6 +19,7 @@ def prepare(workdir: str, config: ml_collections.ConfigDict) -> dict[str, str]:
       "workdir": workdir,
       "config": os.path.join(workdir, "config.json"),
       "metrics": os.path.join(workdir, "metrics.jsonl"),
+      "log": os.path.join(workdir, "run.log"),   # all the run's output (`console.capture`)
       "tensorboard": os.path.join(workdir, "tensorboard"),
       "checkpoints": os.path.join(workdir, "checkpoints"),
   }
@@ -66,18 +68,63 @@ def read_metrics(path: str) -> list[dict]:
     return [json.loads(line) for line in f if line.strip()]
 
 
-def plot_curves(metrics_path: str, png_path: str, keys: tuple[str, ...], title: str = "") -> str:
-  """Plots each key of metrics.jsonl against step into one PNG (one panel per key)."""
+def by_step(rows: Sequence[dict]) -> dict[int, dict]:
+  """One row per step, in step order. A resumed run appends the steps after its checkpoint again:
+  per step, the last value of each key counts."""
+  out: dict[int, dict] = {}
+  for r in rows:
+    out[int(r["step"])] = {**out.get(int(r["step"]), {}), **r}
+  return dict(sorted(out.items()))
+
+
+def trailing_mean(ys: Sequence[float], k: int) -> list[float]:
+  """Each value's mean with the up to `k - 1` values before it (one per value: the first windows
+  are shorter)."""
+  if k < 1:
+    raise ValueError(f"trailing_mean: window k must be >= 1, got {k}")
+  c = [0.0]
+  for y in ys:
+    c.append(c[-1] + float(y))
+  return [(c[i + 1] - c[max(0, i + 1 - k)]) / min(k, i + 1) for i in range(len(ys))]
+
+
+@dataclasses.dataclass(frozen=True)
+class Panel:
+  """One panel of `plot_curves`: a metric against step."""
+  key: str
+  smooth: int = 0                # > 1: the values faint, their trailing mean over `smooth` steps on top
+  band: bool = False             # shade `<key>_ci95_lo`..`<key>_ci95_hi` where every point carries them
+  also: tuple[str, ...] = ()     # further metrics on the same axes (e.g. the validation lengths)
+
+
+def plot_curves(metrics_path: str, png_path: str, panels: Sequence[Panel], title: str = "") -> list[Panel]:
+  """Plots each panel whose metric metrics.jsonl has into one PNG; returns the panels drawn."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  rows = read_metrics(metrics_path)
-  present = [k for k in keys if any(r.get(k) is not None for r in rows)]
-  fig, axes = plt.subplots(len(present) or 1, 1, figsize=(7, 2.6 * max(len(present), 1)), squeeze=False)
-  for ax, key in zip(axes[:, 0], present):
-    pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
-    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3)
-    ax.set_ylabel(key)
+  rows = list(by_step(read_metrics(metrics_path)).values())
+  points = lambda key: [(r["step"], r) for r in rows if r.get(key) is not None]
+  drawn = [p for p in panels if points(p.key)]
+  fig, axes = plt.subplots(len(drawn) or 1, 1, figsize=(7, 2.4 * max(len(drawn), 1)), sharex=True, squeeze=False)
+  for ax, p in zip(axes[:, 0], drawn):
+    pts = points(p.key)
+    x, y = [s for s, _ in pts], [r[p.key] for _, r in pts]
+    if p.smooth > 1 and len(y) > 1:
+      ax.plot(x, y, color="C0", alpha=0.3, lw=1, label=p.key)
+      ax.plot(x, trailing_mean(y, p.smooth), color="C0", lw=2, label=f"mean of the last {p.smooth} steps")
+    else:
+      ax.plot(x, y, color="C0", marker="o", ms=3, label=p.key)
+    lo, hi = f"{p.key}_ci95_lo", f"{p.key}_ci95_hi"
+    if p.band and all(r.get(lo) is not None and r.get(hi) is not None for _, r in pts):
+      ax.fill_between(x, [r[lo] for _, r in pts], [r[hi] for _, r in pts], color="C0", alpha=0.15,
+                      label="95% interval")
+    for i, key in enumerate(p.also, start=1):
+      more = points(key)
+      if more:
+        ax.plot([s for s, _ in more], [r[key] for _, r in more], color=f"C{i}", marker="o", ms=3, label=key)
+    ax.set_title(p.key, fontsize=9, loc="left")
+    if p.smooth > 1 or p.band or p.also:
+      ax.legend(fontsize=7, loc="best")
     ax.grid(alpha=0.3)
   axes[-1, 0].set_xlabel("step")
   if title:
@@ -85,4 +132,4 @@ def plot_curves(metrics_path: str, png_path: str, keys: tuple[str, ...], title: 
   fig.tight_layout()
   fig.savefig(png_path, dpi=110)
   plt.close(fig)
-  return png_path
+  return drawn

@@ -1,395 +1,65 @@
-r"""Builds dockyard's offline SWE task set (SWE-bench schema) from pinned PyPI sdists, SWE-smith style.
+r"""The command line of the SWE task-set builder (`dockyard.data.swe_tasks`).
 
-  python -m dockyard.data.build_swe_tasks                      # build data/swe/ (seed 0)
-  python -m dockyard.data.build_swe_tasks --setup-repos        # only make the git repos the tasks need
-  python -m dockyard.data.build_swe_tasks --out /tmp/swe --work-dir /tmp/swe_work --fresh   # reproduce
+  python -m dockyard.data.build_swe_tasks                    # build data/swe/ (seed 0)
+  python -m dockyard.data.build_swe_tasks --setup_repos      # only make the git repos the tasks need
+  python -m dockyard.data.build_swe_tasks --out=/tmp/swe --work_dir=/tmp/swe_work --fresh   # reproduce
 
-Per package (data/swe/packages.json): fetch the sdist (pip, sha256-pinned), commit it as the
-pristine tree of `<repos_dir>/<owner>__<name>`, run its tests 3 times (flaky tests are never
-listed), then for seeded candidates of `mutate.mutations`: mutate one function, run the test files
-that mention it, and keep the candidate as a task when tests that passed now fail. A task's
-`base_commit` is the buggy tree (a child commit of the pristine one), `patch` the gold fix (the
-reverse diff), `test_patch` empty (the tests already in the tree are the held-out tests; the
-sandbox restores them). Validation (direct runner, 3x3): the empty patch fails every FAIL_TO_PASS
-test and passes every PASS_TO_PASS test in 3 of 3 runs; the gold-patched tree, checked to be
-identical to the pristine tree, passes all of them in 3 of 3 runs (the pristine tree's runs on the
-same test files are made 3 times and shared by the package's tasks with those test files).
-Output: train/validation/test.jsonl by package split, tiny/train.jsonl and manifest.json; the
-progress goes to stderr. Everything written is a function of the pins and the seed.
+One absl flag per field of `swe_tasks.options.Options` (its default and help are the flag's), plus
+`--setup_repos`, which builds nothing and re-makes the repos the task files under `--out` name.
 """
 from __future__ import annotations
 
-import argparse
-import collections
 import dataclasses
-import glob
-import json
-import os
-import random
-import re
-import shutil
 import sys
-import tempfile
-import time
-from typing import Any
+import typing
+from typing import Sequence
 
-from dockyard.data import direct_runner, mutate, problem, repos, swe
+from absl import flags
 
-SAFE_TEST_ID = re.compile(r"^[A-Za-z0-9_./-]+\.py(::[A-Za-z0-9_]+)+(\[[A-Za-z0-9_.+-]*\])?$")
-CREATED_AT = "2025-01-01T00:00:00Z"   # synthetic tasks: the fixed build date, not a real PR's
-TINY_MAX_FUNC_LINES = 15
-TINY_MAX_TESTS = 120
+from dockyard.data.swe_tasks import manifest, task_set
+from dockyard.data.swe_tasks.options import Options
 
-
-@dataclasses.dataclass
-class Options:
-  packages: str = "data/swe/packages.json"
-  out: str = "data/swe"
-  seed: int = 0
-  repos_dir: str = ""
-  work_dir: str = ""
-  max_candidates: int = 80      # per package
-  max_kept: int = 40            # per package (packages.json may lower it)
-  runs: int = 3
-  timeout_s: float = 60.0
-  tiny_size: int = 20
-  only: tuple[str, ...] = ()
-  resume: bool = True
+_DEFINE = {bool: flags.DEFINE_bool, int: flags.DEFINE_integer, float: flags.DEFINE_float,
+           str: flags.DEFINE_string, tuple[str, ...]: flags.DEFINE_multi_string}
 
 
-def log(msg: str) -> None:
-  print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+def define_flags(flag_values: flags.FlagValues) -> None:
+  """One flag per `Options` field, and `--setup_repos`, on `flag_values`."""
+  types = typing.get_type_hints(Options)
+  for f in dataclasses.fields(Options):
+    default = list(f.default) if isinstance(f.default, tuple) else f.default
+    _DEFINE[types[f.name]](f.name, default, f.metadata["help"], flag_values=flag_values)
+  flags.DEFINE_bool("setup_repos", False, "only fetch the sdists and make the repos the task files under "
+                    "--out name; builds nothing", flag_values=flag_values)
+  flags.DEFINE_bool("help", False, "show this help", flag_values=flag_values)
 
 
-def source_files(tree: str, pkg: repos.Package) -> list[str]:
-  root = direct_runner.python_path(tree)
-  single = os.path.join(root, pkg.module + ".py")
-  if os.path.isfile(single):
-    files = [single]
+def parse(argv: Sequence[str]) -> tuple[Options, bool]:
+  """(the options, whether only --setup_repos) from command-line arguments (no program name)."""
+  fv = flags.FlagValues()
+  define_flags(fv)
+  try:
+    rest = fv(["build_swe_tasks", *argv])
+  except flags.Error as e:
+    raise SystemExit(f"error: {e}")
+  if fv.help:
+    print(__doc__ + "\n" + fv.get_help())
+    raise SystemExit(0)
+  if len(rest) > 1:
+    raise SystemExit(f"error: unexpected arguments {rest[1:]} (options are --name=value)")
+  try:
+    opts = Options(**{f.name: fv[f.name].value for f in dataclasses.fields(Options)})
+  except ValueError as e:
+    raise SystemExit(f"error: {e}")
+  return opts, fv.setup_repos
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  opts, setup_only = parse(sys.argv[1:] if argv is None else argv)
+  if setup_only:
+    manifest.setup_repos(opts.out, opts.repos_dir)
   else:
-    files = glob.glob(os.path.join(root, pkg.module, "**", "*.py"), recursive=True)
-  rel = [os.path.relpath(f, tree) for f in files]
-  return sorted(f for f in rel if "/tests/" not in f and not os.path.basename(f).startswith(("test_", "_version")))
-
-
-def test_files(tree: str, pkg: repos.Package) -> list[str]:
-  files = sorted({os.path.relpath(f, tree) for g in pkg.test_globs for f in glob.glob(os.path.join(tree, g))})
-  if not files:
-    raise RuntimeError(f"{pkg.name}: no test files match {pkg.test_globs}")
-  return files
-
-
-def relevant_test_files(tree: str, files: list[str], function: str) -> list[str]:
-  """Test files that mention the function (or its class); all of them when none does."""
-  names = {function.split(".")[0]}
-  last = function.split(".")[-1]
-  if not last.startswith("_") and len(last) > 3:
-    names.add(last)
-  pat = re.compile(r"\b(" + "|".join(map(re.escape, sorted(names))) + r")\b")
-  hits = []
-  for f in files:
-    with open(os.path.join(tree, f), encoding="utf-8") as fh:
-      if pat.search(fh.read()):
-        hits.append(f)
-  return hits or files
-
-
-def candidate_order(ms: list[mutate.Mutation], rng: random.Random, limit: int) -> list[mutate.Mutation]:
-  """Spreads candidates over functions: one per function in a seeded order, then a second of another kind, ..."""
-  by_func = collections.defaultdict(list)
-  for m in ms:
-    by_func[(m.path, m.function)].append(m)
-  funcs = sorted(by_func)
-  rng.shuffle(funcs)
-  for f in funcs:
-    rng.shuffle(by_func[f])
-    # Diverse kinds first within a function.
-    seen, first, rest = set(), [], []
-    for m in by_func[f]:
-      (rest if m.kind in seen else first).append(m)
-      seen.add(m.kind)
-    by_func[f] = first + rest
-  out = []
-  for depth in range(max((len(v) for v in by_func.values()), default=0)):
-    for f in funcs:
-      if depth < len(by_func[f]):
-        out.append(by_func[f][depth])
-        if len(out) >= limit:
-          return out
-  return out
-
-
-class PackageBuilder:
-  """Makes and validates the candidates of one package."""
-
-  def __init__(self, pkg: repos.Package, opts: Options, work: str):
-    self.pkg, self.opts, self.work = pkg, opts, work
-    self.repo, self.pristine = repos.ensure_pristine(pkg, opts.repos_dir)
-    self.tree = os.path.join(work, "tree")
-    shutil.rmtree(self.tree, ignore_errors=True)
-    repos.export_tree(self.repo, self.pristine, self.tree)
-    direct_runner.check_not_shadowed(self.tree, pkg.module)
-    self.tests = test_files(self.tree, pkg)
-    self.drops = collections.Counter()
-    self.gold_runs: dict[tuple[str, ...], list[direct_runner.TestRun]] = {}
-    self.timings: dict[str, float] = {}
-
-  def baseline(self) -> None:
-    runs = []
-    for i in range(self.opts.runs):
-      t = time.time()
-      runs.append(direct_runner.run_pytest(self.tree, self.tests, self.opts.timeout_s * 3))
-      log(f"{self.pkg.name}: baseline run {i + 1}: {len(runs[-1].passed())} passed, "
-          f"{len(runs[-1].statuses) - len(runs[-1].passed())} not, {time.time() - t:.1f}s")
-      if runs[-1].collect_errors or runs[-1].timed_out:
-        raise RuntimeError(f"{self.pkg.name}: the pristine test suite does not run cleanly: "
-                           f"{runs[-1].output_tail[-1500:]}")
-    ids = set().union(*(r.statuses for r in runs))
-    self.flaky = {t for t in ids if len({r.statuses.get(t) for r in runs}) > 1}
-    self.xfail = set().union(*(r.xfail for r in runs))
-    self.stable_pass = {t for t in ids if all(r.statuses.get(t) == "passed" for r in runs)} - self.xfail
-    if self.flaky:
-      log(f"{self.pkg.name}: {len(self.flaky)} flaky tests (never listed): {sorted(self.flaky)[:5]}")
-
-  def _gold(self, files: tuple[str, ...]) -> list[direct_runner.TestRun]:
-    if files not in self.gold_runs:
-      runs = []
-      for _ in range(self.opts.runs):
-        t = time.time()
-        runs.append(direct_runner.run_pytest(self.tree, files, self.opts.timeout_s))
-        self.timings[" ".join(files)] = max(self.timings.get(" ".join(files), 0.0), time.time() - t)
-      self.gold_runs[files] = runs
-    return self.gold_runs[files]
-
-  def evaluate(self, m: mutate.Mutation) -> dict[str, Any] | None:
-    """The task record for mutation `m`, or None (with the reason counted in self.drops)."""
-    path = os.path.join(self.tree, m.path)
-    with open(path, encoding="utf-8") as f:
-      original = f.read()
-    buggy_src = m.apply(original)
-    files = relevant_test_files(self.tree, self.tests, m.function)
-    try:
-      with open(path, "w", encoding="utf-8") as f:
-        f.write(buggy_src)
-      run = direct_runner.run_pytest(self.tree, files, self.opts.timeout_s)
-    finally:
-      with open(path, "w", encoding="utf-8") as f:
-        f.write(original)
-    if run.timed_out:
-      return self._drop("timeout")
-    if run.collect_errors:
-      return self._drop("collection_error")
-    in_files = lambda t: t.split("::")[0] in files
-    broken = {t for t in self.stable_pass if in_files(t) and run.statuses.get(t) != "passed"}
-    if not broken:
-      return self._drop("no_test_fails")
-    f2p = sorted(t for t in broken if SAFE_TEST_ID.match(t))
-    if not f2p:
-      return self._drop("unsafe_test_ids")
-    task_files = tuple(sorted({t.split("::")[0] for t in f2p}))
-    if len(task_files) > 2:
-      return self._drop("more_than_two_test_files")
-    p2p = sorted(t for t in self.stable_pass if t.split("::")[0] in task_files and t not in broken
-                 and SAFE_TEST_ID.match(t))
-    if not p2p:
-      return self._drop("no_pass_to_pass")
-    return self._validate(m, buggy_src, f2p, p2p, task_files, run)
-
-  def _validate(self, m, buggy_src, f2p, p2p, task_files, discovery) -> dict[str, Any] | None:
-    instance_id = f"{self.pkg.repo_dirname}-{m.key}"
-    base = repos.commit_tree_with(self.repo, self.pristine, {m.path: buggy_src}, repos.task_message(instance_id))
-    gold = repos.git(self.repo, "diff", "--no-color", "--no-ext-diff", "--no-renames", "--full-index",
-                     base, self.pristine)
-    changed = repos.git(self.repo, "diff", "--name-only", base, self.pristine).split()
-    if changed != [m.path]:
-      raise RuntimeError(f"{instance_id}: buggy commit differs from pristine in {changed}, expected [{m.path}]")
-    with tempfile.TemporaryDirectory(dir=self.work) as tmp:
-      buggy_tree = repos.export_tree(self.repo, base, os.path.join(tmp, "buggy"))
-      for _ in range(self.opts.runs):
-        r = direct_runner.run_pytest(buggy_tree, task_files, self.opts.timeout_s)
-        if r.timed_out or any(r.statuses.get(t) == "passed" for t in f2p):
-          return self._drop("empty_patch_passes_or_flaky")
-        if any(r.statuses.get(t) != "passed" for t in p2p):
-          return self._drop("pass_to_pass_flaky_on_buggy_tree")
-      # Gold: apply the patch to a copy of the buggy tree; it must give back the pristine tree exactly.
-      gold_tree = repos.export_tree(self.repo, base, os.path.join(tmp, "gold"))
-      repos.git(gold_tree, "apply", "-", input=gold)
-      with open(os.path.join(gold_tree, m.path), encoding="utf-8") as f:
-        patched = f.read()
-      with open(os.path.join(self.tree, m.path), encoding="utf-8") as f:
-        if patched != f.read():
-          return self._drop("gold_patch_does_not_restore")
-    for r in self._gold(task_files):
-      if any(r.statuses.get(t) != "passed" for t in f2p + p2p):
-        return self._drop("gold_patch_fails")
-    repos.git(self.repo, "update-ref", f"refs/tags/{instance_id}", base)
-    statement = problem.write(self.tree, f2p, discovery.failures, roots=[self.tree, self.work])
-    return dict(
-        instance_id=instance_id, repo=self.pkg.repo, base_commit=base, patch=gold, test_patch="",
-        problem_statement=statement, FAIL_TO_PASS=f2p, PASS_TO_PASS=p2p, version=self.pkg.version,
-        created_at=CREATED_AT, hints_text="", environment_setup_commit=self.pristine,
-        meta=dict(package=self.pkg.name, split=self.pkg.split, file=m.path, function=m.function,
-                  mutation=m.kind, line=m.lineno, func_lines=m.func_lines, test_files=list(task_files),
-                  validator="direct-3x3"))
-
-  def _drop(self, reason: str) -> None:
-    self.drops[reason] += 1
-    return None
-
-  def build(self) -> dict[str, Any]:
-    self.baseline()
-    ms = []
-    for f in source_files(self.tree, self.pkg):
-      with open(os.path.join(self.tree, f), encoding="utf-8") as fh:
-        ms += mutate.mutations(f, fh.read())
-    rng = random.Random(f"{self.opts.seed}:{self.pkg.name}")
-    cands = candidate_order(ms, rng, self.opts.max_candidates)
-    log(f"{self.pkg.name}: {len(ms)} possible mutations, trying up to {len(cands)}")
-    tasks, tried = [], 0
-    max_kept = min(self.opts.max_kept, self.pkg.max_kept or self.opts.max_kept)
-    for m in cands:
-      if len(tasks) >= max_kept:
-        break
-      tried += 1
-      t = time.time()
-      rec = self.evaluate(m)
-      if rec:
-        tasks.append(rec)
-      log(f"{self.pkg.name}: [{tried}/{len(cands)}] {m.function} {m.kind} -> "
-          f"{'KEPT ' + rec['instance_id'] if rec else 'dropped'} ({time.time() - t:.1f}s, kept {len(tasks)})")
-    return dict(package=self.pkg.name, candidates=tried, kept=len(tasks), dropped=dict(sorted(self.drops.items())),
-                flaky_tests=sorted(self.flaky), pristine_commit=self.pristine, tasks=tasks,
-                test_seconds={k: round(v, 2) for k, v in sorted(self.timings.items())})
-
-
-def pick_tiny(tasks: list[dict], size: int, seed: int) -> list[dict]:
-  """≈`size` small tasks, round-robin over packages: a short function, one test file, few tests."""
-  small = [t for t in tasks if t["meta"]["func_lines"] <= TINY_MAX_FUNC_LINES and len(t["meta"]["test_files"]) == 1
-           and len(t["FAIL_TO_PASS"]) + len(t["PASS_TO_PASS"]) <= TINY_MAX_TESTS]
-  by_pkg = collections.defaultdict(list)
-  for t in sorted(small, key=lambda t: t["instance_id"]):
-    by_pkg[t["meta"]["package"]].append(t)
-  rng = random.Random(f"{seed}:tiny")
-  for v in by_pkg.values():
-    rng.shuffle(v)
-  out = []
-  while len(out) < size and any(by_pkg.values()):
-    for p in sorted(by_pkg):
-      if by_pkg[p] and len(out) < size:
-        out.append(by_pkg[p].pop())
-  return sorted(out, key=lambda t: t["instance_id"])
-
-
-def build(opts: Options) -> dict[str, Any]:
-  packages = repos.load_packages(opts.packages)
-  if opts.only:
-    unknown = set(opts.only) - {p.name for p in packages}
-    if unknown:
-      raise ValueError(f"--only names unknown packages {sorted(unknown)}")
-  results = {}
-  for pkg in packages:
-    state = os.path.join(opts.work_dir, f"{pkg.name}.json")
-    if opts.resume and os.path.exists(state):
-      with open(state) as f:
-        results[pkg.name] = json.load(f)
-      log(f"{pkg.name}: reusing {state} ({results[pkg.name]['kept']} tasks)")
-      repos.ensure_repos([pkg], results[pkg.name]["tasks"], opts.repos_dir)
-      continue
-    if opts.only and pkg.name not in opts.only:
-      continue
-    work = os.path.join(opts.work_dir, pkg.name)
-    os.makedirs(work, exist_ok=True)
-    res = PackageBuilder(pkg, opts, work).build()
-    with open(state + ".tmp", "w") as f:
-      json.dump(res, f)
-    os.replace(state + ".tmp", state)
-    results[pkg.name] = res
-    log(f"{pkg.name}: {res['kept']} kept of {res['candidates']} candidates; dropped {res['dropped']}")
-  write_outputs(opts, packages, results)
-  return results
-
-
-def write_outputs(opts: Options, packages: list[repos.Package], results: dict[str, Any]) -> None:
-  splits = collections.defaultdict(list)
-  for pkg in packages:
-    if pkg.name in results:
-      splits[pkg.split] += results[pkg.name]["tasks"]
-  for name in ("train", "validation", "test"):
-    tasks = sorted(splits[name], key=lambda t: t["instance_id"])
-    swe.write_jsonl(os.path.join(opts.out, f"{name}.jsonl"), tasks)
-  tiny = pick_tiny(splits["train"], opts.tiny_size, opts.seed)
-  swe.write_jsonl(os.path.join(opts.out, "tiny", "train.jsonl"), tiny)
-  manifest = dict(
-      description="dockyard's offline SWE task set: SWE-smith style mutations of pinned PyPI sdists",
-      builder="python -m dockyard.data.build_swe_tasks", seed=opts.seed,
-      options=dict(max_candidates=opts.max_candidates, max_kept=opts.max_kept, runs=opts.runs,
-                   timeout_s=opts.timeout_s, tiny_size=opts.tiny_size),
-      validator=dict(
-          name="direct-3x3",
-          how=("dockyard.data.direct_runner (pytest in a temp tree, not isolated): empty patch fails every "
-               "FAIL_TO_PASS and passes every PASS_TO_PASS test 3/3; the gold-patched tree (checked identical "
-               "to the pristine tree) passes all listed tests 3/3 (3 shared pristine runs per test-file set); "
-               "flaky tests (differing over 3 baseline runs) never listed"),
-          sandbox="not yet: run `python -m dockyard.data.validate_swe` once dockyard.sandbox lands"),
-      git=dict(identity=repos.GIT_IDENTITY, pristine_tag=repos.PRISTINE_TAG,
-               task_ref="refs/tags/<instance_id>", repos_dir="$DOCKYARD_REPOS_DIR or ~/.cache/dockyard/repos"),
-      packages=[dataclasses.asdict(p) for p in packages],
-      pristine_commits={p.repo: results[p.name]["pristine_commit"] for p in packages if p.name in results},
-      counts={p.name: dict(split=p.split, candidates=results[p.name]["candidates"], kept=results[p.name]["kept"],
-                           dropped=results[p.name]["dropped"], flaky_tests=len(results[p.name]["flaky_tests"]))
-              for p in packages if p.name in results},
-      totals=dict(candidates=sum(r["candidates"] for r in results.values()),
-                  kept=sum(r["kept"] for r in results.values()),
-                  splits={k: len(v) for k, v in sorted(splits.items())}, tiny=len(tiny)),
-  )
-  with open(os.path.join(opts.out, "manifest.json"), "w") as f:
-    json.dump(manifest, f, indent=1, sort_keys=True)
-    f.write("\n")
-  # Timings vary by machine: kept out of the reproducible files.
-  with open(os.path.join(opts.work_dir, "timings.json"), "w") as f:
-    json.dump({k: r.get("test_seconds", {}) for k, r in results.items()}, f, indent=1)
-  log(f"wrote {opts.out}: {manifest['totals']}")
-
-
-def setup_repos(manifest: str, out: str, repos_dir: str) -> dict[str, str]:
-  """Fetches the pinned sdists and makes every repo + base commit the committed task files name."""
-  tasks = []
-  for path in sorted(glob.glob(os.path.join(out, "*.jsonl"))):
-    tasks += [t.to_dict() for t in swe.load_tasks(path)]
-  paths = repos.ensure_repos(manifest, tasks, repos_dir)
-  log(f"{len(paths)} repos with {len(tasks)} task commits under {repos_dir}")
-  return paths
-
-
-def main(argv=None) -> int:
-  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  ap.add_argument("--setup-repos", action="store_true", help="only fetch sdists and make the task repos")
-  ap.add_argument("--packages", default=Options.packages)
-  ap.add_argument("--out", default=Options.out)
-  ap.add_argument("--seed", type=int, default=Options.seed)
-  ap.add_argument("--repos-dir", default="", help="default: $DOCKYARD_REPOS_DIR or ~/.cache/dockyard/repos")
-  ap.add_argument("--work-dir", default="", help="build state (resumable); default ~/.cache/dockyard/build_swe/seed<N>")
-  ap.add_argument("--max-candidates", type=int, default=Options.max_candidates)
-  ap.add_argument("--max-kept", type=int, default=Options.max_kept)
-  ap.add_argument("--runs", type=int, default=Options.runs)
-  ap.add_argument("--timeout-s", type=float, default=Options.timeout_s)
-  ap.add_argument("--tiny-size", type=int, default=Options.tiny_size)
-  ap.add_argument("--only", action="append", default=[], help="build only this package (repeatable)")
-  ap.add_argument("--fresh", action="store_true", help="ignore saved per-package build state")
-  a = ap.parse_args(argv)
-  repos_dir = a.repos_dir or repos.default_repos_dir()
-  if a.setup_repos:
-    setup_repos(os.path.join(a.out, "manifest.json"), a.out, repos_dir)
-    return 0
-  if a.runs < 1 or a.max_candidates < 1:
-    ap.error("--runs and --max-candidates must be >= 1")
-  work_dir = a.work_dir or os.path.join(os.environ.get("DOCKYARD_CACHE", os.path.expanduser("~/.cache/dockyard")),
-                                        "build_swe", f"seed{a.seed}")
-  os.makedirs(work_dir, exist_ok=True)
-  opts = Options(packages=a.packages, out=a.out, seed=a.seed, repos_dir=repos_dir, work_dir=work_dir,
-                 max_candidates=a.max_candidates, max_kept=a.max_kept, runs=a.runs, timeout_s=a.timeout_s,
-                 tiny_size=a.tiny_size, only=tuple(a.only), resume=not a.fresh)
-  build(opts)
+    task_set.build(opts)
   return 0
 
 

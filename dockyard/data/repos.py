@@ -20,6 +20,8 @@ import tarfile
 import tempfile
 from typing import Iterable, Mapping, Sequence
 
+from dockyard import console
+
 GIT_DATE = "2025-01-01T00:00:00+0000"
 GIT_IDENTITY = dict(GIT_AUTHOR_NAME="dockyard", GIT_AUTHOR_EMAIL="dockyard@localhost",
                     GIT_COMMITTER_NAME="dockyard", GIT_COMMITTER_EMAIL="dockyard@localhost",
@@ -37,7 +39,7 @@ class Package:
   module: str           # the importable package under test (checked not shadowed by site-packages)
   split: str            # train | validation | test (by package: test packages never seen in training)
   test_globs: tuple[str, ...] = ("tests/test_*.py",)
-  max_kept: int = 0     # per-package cap on kept tasks (0: the builder's --max-kept); for slow suites
+  max_kept: int = 0     # per-package cap on kept tasks (0: the builder's --max_kept); for slow suites
 
   @property
   def repo_dirname(self) -> str:
@@ -213,11 +215,12 @@ def export_tree(repo_dir: str, commit: str, dest: str) -> str:
 
 def ensure_repos(manifest: str | Sequence[Package], tasks: Iterable[Mapping] = (),
                  repos_dir: str | None = None, sdist_dir: str | None = None,
-                 pristine_commits: Mapping[str, str] | None = None) -> dict[str, str]:
+                 pristine_commits: Mapping[str, str] | None = None, progress: bool = False) -> dict[str, str]:
   """Creates (or checks) every package repo and every task's base commit. Returns repo -> path.
 
   `manifest` is a path to data/swe/manifest.json (its packages and pristine commits are used) or a
   list of `Package`s. Every task's `base_commit` must come out identical, else RuntimeError.
+  `progress`: a bar on the terminal counting packages, then tasks (`console.bar`).
   """
   repos_dir = repos_dir or default_repos_dir()
   if isinstance(manifest, str):
@@ -227,24 +230,40 @@ def ensure_repos(manifest: str | Sequence[Package], tasks: Iterable[Mapping] = (
   else:
     packages = list(manifest)
   by_repo = {p.repo: p for p in packages}
+  tasks = list(tasks)
   paths = {}
+  bar = console.bar(len(packages) + len(tasks), "task repos", enabled=progress)
   for pkg in packages:
+    if bar is not None:
+      bar.set_postfix_str(pkg.name)
     path, commit = ensure_pristine(pkg, repos_dir, sdist_dir)
     want = (pristine_commits or {}).get(pkg.repo)
     if want and want != commit:
       raise RuntimeError(f"{pkg.repo}: pristine commit {commit} differs from the manifest's {want}; "
                          f"the repo at {path} was not made by this code (remove it) or git differs")
     paths[pkg.repo] = path
-  for task in tasks:
-    if task["repo"] not in by_repo:
-      raise ValueError(f"task {task['instance_id']}: repo {task['repo']!r} is not in the manifest")
-    path = paths[task["repo"]]
-    tag = f"refs/tags/{task['instance_id']}"
-    if _rev(path, tag) == task["base_commit"]:
-      continue
-    commit = commit_reverse_patch(path, _rev(path, PRISTINE_TAG), task["patch"], task_message(task["instance_id"]))
-    if commit != task["base_commit"]:
-      raise RuntimeError(f"task {task['instance_id']}: rebuilt base commit {commit} != recorded "
-                         f"{task['base_commit']}")
-    git(path, "update-ref", tag, commit)
+    if bar is not None:
+      bar.update(1)
+  try:
+    for task in tasks:
+      _ensure_task_commit(paths, by_repo, task)
+      if bar is not None:
+        bar.update(1)
+  finally:
+    if bar is not None:
+      bar.close()
   return paths
+
+
+def _ensure_task_commit(paths: Mapping[str, str], by_repo: Mapping[str, Package], task: Mapping) -> None:
+  if task["repo"] not in by_repo:
+    raise ValueError(f"task {task['instance_id']}: repo {task['repo']!r} is not in the manifest")
+  path = paths[task["repo"]]
+  tag = f"refs/tags/{task['instance_id']}"
+  if _rev(path, tag) == task["base_commit"]:
+    return
+  commit = commit_reverse_patch(path, _rev(path, PRISTINE_TAG), task["patch"], task_message(task["instance_id"]))
+  if commit != task["base_commit"]:
+    raise RuntimeError(f"task {task['instance_id']}: rebuilt base commit {commit} != recorded "
+                       f"{task['base_commit']}")
+  git(path, "update-ref", tag, commit)

@@ -6,7 +6,7 @@ r"""Validates SWE task records through the real sandbox: gold patch resolves N/N
 Each repeat submits every task twice through `SandboxClient.run_many`: once with its gold patch and
 once with the empty patch (the wire task is the record's schema keys with `patch` replaced). A task
 passes when the gold run is resolved every time and the empty run never is. The repos the tasks
-name must exist where the sandbox looks (`python -m dockyard.data.build_swe_tasks --setup-repos`).
+name must exist where the sandbox looks (`python -m dockyard.data.build_swe_tasks --setup_repos`).
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@
   resolve_reference  the KL penalty's reference policy (the policy after the warm start)
   save_latest        checkpoints/latest with the step and the source's state
   Progress           the tqdm bar (or log lines) with the live step summary
-  finish_run         the curves PNG and the `TrainResult` the runner reports
+  finish_run         the curves PNG (`curve_panels`) and the `TrainResult` the runner reports
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from dockyard import estimators
+from dockyard import console, estimators
 from dockyard import workdir as workdir_lib
 from dockyard.grpo import checkpoints
 from dockyard.grpo.sft import sft_warmup
@@ -198,9 +198,9 @@ def resolve_reference(config, policy: Policy, reference: Policy | Callable[[], P
 
 
 def start_run(config, *, policy: Policy, synchronizer, env, tokenizer, train_tasks, writer, nll: LossFn,
-              ckpt_root: str) -> tuple[int, dict | None]:
-  """Resumes from ckpt_root/latest or warm-starts with SFT, then refits the engine if the policy
-  changed; returns (start step, the resumed loop_state or None)."""
+              ckpt_root: str, progress: bool = True) -> tuple[int, dict | None]:
+  """Resumes from ckpt_root/latest or warm-starts with SFT (with a bar when `progress`), then
+  refits the engine if the policy changed; returns (start step, the resumed loop_state or None)."""
   g = config.grpo
   latest = checkpoints.load_latest(ckpt_root) if config.checkpoint.enabled else None
   if latest is not None:
@@ -209,9 +209,19 @@ def start_run(config, *, policy: Policy, synchronizer, env, tokenizer, train_tas
     log.info("resumed from %s at step %d", path, int(state["step"]))
   elif g.sft_warmup.steps > 0:
     sw = g.sft_warmup
-    sft_warmup(policy, env, tokenizer, train_tasks, steps=sw.steps, batch_size=sw.batch_size, lr=sw.lr,
-               loss_fn=nll, seed=config.run.seed, pad_multiple=PAD_MULTIPLE,
-               on_step=lambda i, m: writer.write(i, {f"sft/{k}": v for k, v in m.items()}))
+    bar = console.bar(sw.steps, "sft warm start", enabled=progress)
+
+    def on_step(i, m):
+      writer.write(i, {f"sft/{k}": v for k, v in m.items()})
+      if bar is not None:
+        bar.set_postfix_str(f"loss {m.get('loss', float('nan')):.3f}", refresh=False)
+        bar.update(1)
+    try:
+      sft_warmup(policy, env, tokenizer, train_tasks, steps=sw.steps, batch_size=sw.batch_size, lr=sw.lr,
+                 loss_fn=nll, seed=config.run.seed, pad_multiple=PAD_MULTIPLE, on_step=on_step)
+    finally:
+      if bar is not None:
+        bar.close()
   if latest is not None or g.sft_warmup.steps > 0:
     refit(synchronizer)   # the engine still holds the initial weights
   return (int(latest[1]["step"]), latest[1]) if latest is not None else (0, None)
@@ -227,27 +237,27 @@ def save_latest(ckpt_root: str, policy: Policy, step: int, source_state: Mapping
   checkpoints.save_latest(ckpt_root, policy.save, dict(step=step, **source_state))
 
 
-def _live_line(step: int, m: Mapping[str, float]) -> str:
+def _live_line(step: int, m: Mapping[str, float], kl: bool = False) -> str:
   def f(key, fmt="{:.3f}"):
     v = m.get(key)
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v)
   return (f"step {step} reward {f('reward/raw_mean')} zero-var {f('groups/zero_variance_fraction', '{:.2f}')} "
-          f"clip {f('train/clip_fraction')} len {f('rollout/completion_len_mean', '{:.1f}')} "
+          + (f"kl {f('train/kl', '{:.4f}')} " if kl else "")
+          + f"len {f('rollout/completion_len_mean', '{:.1f}')} "
           f"gen {f('time/generate', '{:.1f}')}s train {f('time/train', '{:.1f}')}s "
           f"refit {f('time/refit', '{:.1f}')}s")
 
 
 class Progress:
-  """A tqdm bar (or log lines) with the live step summary."""
+  """A tqdm bar (`console.bar`) with the live step summary, or log lines when not `enabled`;
+  `kl`: the summary shows the KL to the reference (only a KL penalty makes it non-zero)."""
 
-  def __init__(self, enabled: bool, total: int, initial: int, desc: str):
-    self.bar = None
-    if enabled:
-      from tqdm import tqdm
-      self.bar = tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True)
+  def __init__(self, enabled: bool, total: int, initial: int, desc: str, kl: bool = False):
+    self.bar = console.bar(total, desc, initial=initial, enabled=enabled)
+    self.kl = kl
 
   def update(self, step: int, metrics: Mapping[str, float]) -> None:
-    line = _live_line(step, metrics)
+    line = _live_line(step, metrics, self.kl)
     if self.bar is None:
       log.info(line)
     else:
@@ -267,9 +277,28 @@ def finish_run(config, workdir: str, start: int, metrics: dict, validator, *, re
                      resumed_from=start if resumed else None)
 
 
+def curve_panels(config) -> list[workdir_lib.Panel]:
+  """What curves.png shows: the panels that can carry information under this config.
+
+  Validation: `val/pass@1` (every env has it) with its 95% Wilson interval, and the checkpoint
+  metric beside it when that is another (`val/resolve_rate`, `val/accuracy`). The KL panel only
+  with a KL penalty (without one no reference is kept and the KL is 0), the clip fraction only
+  with several minibatches a step (with one, the update's ratio is 1 and nothing is clipped).
+  """
+  metric = config.checkpoint.metric
+  panels = [workdir_lib.Panel("reward/raw_mean", smooth=10),
+            workdir_lib.Panel("val/pass@1", band=True, also=(metric,) if metric != "val/pass@1" else ()),
+            workdir_lib.Panel("groups/zero_variance_fraction")]
+  if float(config.loss_fn.reference_policy_kl_penalty) != 0:
+    panels.append(workdir_lib.Panel("train/kl"))
+  panels += [workdir_lib.Panel("rollout/entropy_approx"),
+             workdir_lib.Panel("rollout/completion_len_mean", also=("val/completion_len_mean",))]
+  if int(config.grpo.num_minibatches) > 1:
+    panels.append(workdir_lib.Panel("train/clip_fraction"))
+  return panels
+
+
 def plot_run(config, workdir: str) -> None:
   if config.logging.png_curve and os.path.exists(os.path.join(workdir, "metrics.jsonl")):
     workdir_lib.plot_curves(os.path.join(workdir, "metrics.jsonl"), os.path.join(workdir, "curves.png"),
-                            ("reward/raw_mean", config.checkpoint.metric, "groups/zero_variance_fraction",
-                             "train/clip_fraction", "rollout/completion_len_mean"),
-                            title=config.run.name)
+                            curve_panels(config), title=config.run.name)

@@ -44,14 +44,14 @@ def grpo_train(config, *, source: TrajectorySource, policy: Policy, generator: G
   try:
     start, state = harness.start_run(config, policy=policy, synchronizer=synchronizer, env=env,
                                      tokenizer=tokenizer, train_tasks=train_tasks, writer=writer,
-                                     nll=settings.nll, ckpt_root=ckpt_root)
+                                     nll=settings.nll, ckpt_root=ckpt_root, progress=progress)
     reference = harness.resolve_reference(config, policy, reference, ckpt_root,
                                           warm_started=g.sft_warmup.steps > 0)
     source.start(workdir, start, state)
     if g.val_at_start and start == 0 and validator.tasks:
       writer.write(0, validator(0))
 
-    bar = harness.Progress(progress, g.max_num_steps, start, source.name)
+    bar = harness.Progress(progress, g.max_num_steps, start, source.name, kl=settings.kl_coef != 0)
     for step in range(start + 1, g.max_num_steps + 1):
       times: dict[str, float] = {}
       t_step = time.perf_counter()

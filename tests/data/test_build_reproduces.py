@@ -24,9 +24,9 @@ def test_builder_reproduces_committed_prefix(tmp_path):
                if t.meta["package"] == PACKAGE}
   out = tmp_path / "out"
   rc = build_swe_tasks.main([
-      "--only", PACKAGE, "--max-kept", "2", "--seed", str(manifest["seed"]),
-      "--max-candidates", str(manifest["options"]["max_candidates"]),
-      "--out", str(out), "--repos-dir", str(tmp_path / "repos"), "--work-dir", str(tmp_path / "work")])
+      f"--only={PACKAGE}", "--max_kept=2", f"--seed={manifest['seed']}",
+      f"--max_candidates={manifest['options']['max_candidates']}",
+      f"--out={out}", f"--repos_dir={tmp_path / 'repos'}", f"--work_dir={tmp_path / 'work'}"])
   assert rc == 0
   built = swe.load_tasks(str(out / f"{split}.jsonl"))
   assert len(built) == 2

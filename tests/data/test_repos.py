@@ -29,6 +29,15 @@ def test_repos_reproduce_the_recorded_commits(swe_repos, tiny_tasks):
   assert repos.ensure_repos(MANIFEST, [t.to_dict() for t in tiny_tasks], repos_dir) == paths
 
 
+def test_making_the_repos_shows_a_bar_of_packages_then_tasks(swe_repos, tiny_tasks, capsys):
+  repos_dir, paths = swe_repos
+  capsys.readouterr()
+  repos.ensure_repos(MANIFEST, [t.to_dict() for t in tiny_tasks], repos_dir, progress=True)
+  total = len(repos.load_packages(MANIFEST)) + len(tiny_tasks)
+  err = capsys.readouterr().err
+  assert "task repos: 100%" in err and f" {total}/{total} " in err
+
+
 def test_package_under_test_is_not_shadowed(swe_repos, tmp_path):
   _, paths = swe_repos
   for pkg in repos.load_packages(MANIFEST):

@@ -68,8 +68,9 @@ def test_workdir_layout_and_metrics(tmp_path):
   rows = workdir.read_metrics(paths["metrics"])
   assert rows == [{"step": 0, "reward/mean": 0.1, "nan": None}, {"step": 1, "reward/mean": 0.5}]
   assert any(f.startswith("events.out.tfevents") for f in os.listdir(paths["tensorboard"]))
-  png = workdir.plot_curves(paths["metrics"], str(tmp_path / "c.png"), ("reward/mean",))
-  assert os.path.getsize(png) > 1000
+  panels = [workdir.Panel("reward/mean"), workdir.Panel("absent/metric")]
+  assert workdir.plot_curves(paths["metrics"], str(tmp_path / "c.png"), panels) == panels[:1]
+  assert os.path.getsize(tmp_path / "c.png") > 1000
 
 
 def test_math_variants_and_eval_keys_validate():

@@ -336,3 +336,14 @@ def test_kl_reference_is_the_policy_after_the_warm_start_and_survives_resume(tok
   np.testing.assert_array_equal(np.asarray(built[1].table), after_sft)
   with pytest.raises(ValueError, match="reference"):
     run_grpo(config, **kw)
+
+
+def test_progress_draws_the_warm_start_and_the_steps(tokenizer, tmp_path, capsys):
+  config = math_config(**{"grpo.sft_warmup.steps": 3, "grpo.max_num_steps": 2, "grpo.val_period": 0})
+  env = FirstDigitEnv(MathConfig.from_config(config))
+  policy, gen, sync = _parts(tokenizer)
+  run_grpo(config, policy=policy, generator=gen, synchronizer=sync, env=env, tokenizer=tokenizer,
+           train_tasks=env.train, val_tasks=env.validation, workdir=str(tmp_path), progress=True)
+  err = capsys.readouterr().err
+  assert "sft warm start: 100%" in err and " 3/3 " in err and "loss " in err
+  assert " 2/2 " in err and "reward " in err and "clip" not in err
