@@ -25,6 +25,8 @@ import dataclasses
 import time
 from typing import Any, Awaitable, Callable, Mapping, Sequence
 
+import numpy as np
+
 from dockyard.agent.tools import CALL_END, SESSION_TOOLS, InvalidCall, Tool, ToolCall, find_tool, parse_call
 from dockyard.agent.trajectory import (ChatRenderer, TemplateNotPrefixStable, Trajectory,
                                        TrajectoryBuilder)
@@ -162,6 +164,14 @@ class Episode:
     return self.ending in TRUNCATED
 
 
+def derive_seed(seed: int | None, *keys: int) -> int | None:
+  """A seed of its own for (seed, keys): a seeded group's episodes, and each of their turns, must
+  not all draw the same random stream (identical episodes, identical turns)."""
+  if seed is None:
+    return None
+  return int(np.random.SeedSequence([int(seed), *map(int, keys)]).generate_state(1)[0] % (2 ** 31))
+
+
 async def run_episode(generator: Generator, executor: ToolExecutor, renderer: ChatRenderer,
                       task: Mapping[str, Any], messages: Sequence[Mapping[str, Any]],
                       sampling: SamplingParams, config: AgentConfig) -> Episode:
@@ -186,6 +196,7 @@ async def run_episode(generator: Generator, executor: ToolExecutor, renderer: Ch
       ending = "episode_timeout"
       break
     params = dataclasses.replace(sampling, max_tokens=min(sampling.max_tokens, room),
+                                 seed=derive_seed(sampling.seed, turns),
                                  stop=tuple(dict.fromkeys(tuple(sampling.stop) + (CALL_END,))))
     t0 = time.perf_counter()
     try:
@@ -266,18 +277,20 @@ async def run_group(generator: Generator, open_executor: Callable[[Mapping[str, 
                     renderer: ChatRenderer, task: Mapping[str, Any],
                     messages: Sequence[Mapping[str, Any]], n: int, sampling: SamplingParams,
                     config: AgentConfig) -> list[Episode]:
-  """`n` episodes of one task, concurrently, each with its own executor (closed when it ends)."""
+  """`n` episodes of one task, concurrently, each with its own executor (closed when it ends)
+  and, when `sampling` is seeded, its own seed."""
   if n < 1:
     raise ValueError(f"run_group: n must be >= 1, got {n}")
 
-  async def one() -> Episode:
+  async def one(i: int) -> Episode:
     executor = await open_executor(task)
     try:
-      return await run_episode(generator, executor, renderer, task, messages, sampling, config)
+      own = dataclasses.replace(sampling, seed=derive_seed(sampling.seed, i))
+      return await run_episode(generator, executor, renderer, task, messages, own, config)
     finally:
       await executor.close()
 
-  return list(await asyncio.gather(*(one() for _ in range(n))))
+  return list(await asyncio.gather(*(one(i) for i in range(n))))
 
 
 def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
