@@ -278,7 +278,8 @@ async def run_group(generator: Generator, open_executor: Callable[[Mapping[str, 
                     messages: Sequence[Mapping[str, Any]], n: int, sampling: SamplingParams,
                     config: AgentConfig) -> list[Episode]:
   """`n` episodes of one task, concurrently, each with its own executor (closed when it ends)
-  and, when `sampling` is seeded, its own seed."""
+  and, when `sampling` is seeded, its own seed. If one raises, the others are cancelled (their
+  executors closed) and the error propagates."""
   if n < 1:
     raise ValueError(f"run_group: n must be >= 1, got {n}")
 
@@ -290,7 +291,14 @@ async def run_group(generator: Generator, open_executor: Callable[[Mapping[str, 
     finally:
       await executor.close()
 
-  return list(await asyncio.gather(*(one(i) for i in range(n))))
+  tasks = [asyncio.ensure_future(one(i)) for i in range(n)]
+  try:
+    return list(await asyncio.gather(*tasks))
+  except BaseException:   # one failed (a lost session): stop the others and close their executors
+    for t in tasks:
+      t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    raise
 
 
 def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:

@@ -23,6 +23,10 @@ from dockyard.agent.tools import SESSION_TOOLS, Tool
 from dockyard.agent.trajectory import ChatRenderer
 from dockyard.grpo.batch import Group
 from dockyard.rollout.base import Completion, Generator, SamplingParams
+from dockyard.sandbox.client import SessionLost
+
+# Tries per group when a sandbox session is lost mid-episode (its executor restarted or went away).
+MAX_GROUP_ATTEMPTS = 3
 
 
 def episode_completion(ep: Episode, tokenizer) -> Completion:
@@ -71,17 +75,27 @@ class EpisodeGroups:
     self.open_executor = open_executor or self._open_session
     self.renderer = ChatRenderer(tokenizer, tools)
     self._played: list[Episode] = []
+    self._lost = 0
 
   async def _open_session(self, task: Mapping[str, Any]) -> ToolExecutor:
     return SessionExecutor(await self.env.open_session(task))
 
   async def group(self, task: Mapping[str, Any], sampling: SamplingParams) -> Group:
-    """The task's n episodes, played concurrently and graded, as one scored group."""
-    episodes = await run_group(self.generator, self.open_executor, self.renderer, task,
-                               self.env.prompt_messages(task), self.n, sampling, self.agent)
+    """The task's n episodes, played concurrently and graded, as one scored group. A lost
+    session loses its group's episodes: they are played again, up to MAX_GROUP_ATTEMPTS times."""
+    for attempt in range(MAX_GROUP_ATTEMPTS):
+      try:
+        episodes = await run_group(self.generator, self.open_executor, self.renderer, task,
+                                   self.env.prompt_messages(task), self.n, sampling, self.agent)
+        break
+      except SessionLost:
+        self._lost += 1
+        if attempt == MAX_GROUP_ATTEMPTS - 1:
+          raise
     self._played.extend(episodes)
     return episode_group(task, episodes, self.tokenizer)
 
   def metrics(self) -> dict[str, float]:
     played, self._played = self._played, []
-    return episode_metrics(played)
+    lost, self._lost = self._lost, 0
+    return {**episode_metrics(played), "agent/lost_groups": float(lost)}

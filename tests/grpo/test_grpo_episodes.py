@@ -1,6 +1,7 @@
 """Multi-turn episodes in the GRPO loops: rows with a loss mask over several generated segments
 (single-shot rows unchanged), episodes as scored groups, and the sync and async loops training on
 them through the same seams (a scripted model, tools over a dict, the JAX bigram policy)."""
+import asyncio
 import itertools
 import json
 
@@ -15,7 +16,7 @@ from dockyard.grpo import step
 from dockyard.grpo.batch import Group, make_train_batch, pack_sequences
 from dockyard.grpo.episodes import EpisodeGroups
 from dockyard.grpo.source import SyncSource, make_source
-from dockyard.rollout.base import Completion
+from dockyard.rollout.base import Completion, SamplingParams
 from tests.agent.scripted import ScriptedGenerator
 
 from grpo_fakes import BigramPolicy, math_config, run_grpo
@@ -121,6 +122,34 @@ def test_episodes_become_scored_groups_with_per_token_masks(tokenizer):
   row = rows[0]
   p = len(kept[0].prompt_ids)
   np.testing.assert_array_equal(batch.loss_mask[0, p:p + len(row.loss_mask)], row.loss_mask)
+
+
+def test_a_lost_session_replays_the_group_and_closes_every_executor(tokenizer):
+  from dockyard.sandbox.client import SessionLost
+  config = agent_config()
+  made = []
+
+  class Flaky(Files):
+    closed = False
+
+    async def call(self, call, timeout_s):
+      if len(made) <= config.grpo.num_generations_per_prompt:   # the first group's attempt
+        raise SessionLost("session s1 on http://x: the executor restarted")
+      return await super().call(call, timeout_s)
+
+    async def close(self):
+      self.closed = True
+
+  async def open_flaky(task):
+    made.append(Flaky())
+    return made[-1]
+
+  episodes = EpisodeGroups(config, generator=scripted(tokenizer), env=Env(), tokenizer=tokenizer,
+                           open_executor=open_flaky)
+  group = asyncio.run(episodes.group(TASKS[0], SamplingParams(max_tokens=128, seed=1)))
+  n = config.grpo.num_generations_per_prompt
+  assert group.size == n and len(made) == 2 * n and all(x.closed for x in made)
+  assert episodes.metrics()["agent/lost_groups"] == 1.0
 
 
 class SessionEnv(Env):
