@@ -158,6 +158,7 @@ class Episode:
   generate_s: float = 0.0
   env_s: float = 0.0
   masked: bool = False                 # loss mask all 0 (truncation='mask', or an unstable template)
+  weight_version: int = 0              # the generator's when the episode started
 
   @property
   def truncated(self) -> bool:
@@ -180,6 +181,7 @@ async def run_episode(generator: Generator, executor: ToolExecutor, renderer: Ch
     raise ValueError(f"the renderer's tools {[t.name for t in renderer.tools]} are not the "
                      f"executor's {[t.name for t in executor.tools]}")
   deadline = time.monotonic() + config.episode_timeout_s
+  started_on = generator.weight_version
   builder = TrajectoryBuilder(renderer, messages)
   traj = builder.trajectory
   counts: collections.Counter = collections.Counter()
@@ -270,7 +272,8 @@ async def run_episode(generator: Generator, executor: ToolExecutor, renderer: Ch
                                                            ending=ending))
   return Episode(task=task, trajectory=traj, messages=builder.messages, ending=ending,
                  reward=reward, turns=turns, invalid_calls=invalid, tool_errors=errors,
-                 tool_counts=dict(counts), generate_s=generate_s, env_s=env_s, masked=masked)
+                 tool_counts=dict(counts), generate_s=generate_s, env_s=env_s, masked=masked,
+                 weight_version=started_on)
 
 
 async def run_group(generator: Generator, open_executor: Callable[[Mapping[str, Any]], Awaitable[ToolExecutor]],

@@ -30,18 +30,17 @@ MAX_GROUP_ATTEMPTS = 3
 
 
 def episode_completion(ep: Episode, tokenizer) -> Completion:
-  """One episode as a completion of its first prompt."""
+  """One episode as a completion of its first prompt (an empty one, which trains nothing, when the
+  episode ended before its first turn: its time or context was gone)."""
   t = ep.trajectory
-  if not t.generated:
-    raise ValueError(f"episode of {ep.task.get('instance_id', '?')!r} generated nothing "
-                     f"(ended {ep.ending!r} before its first turn)")
-  versions, last = [], t.weight_versions[t.generated[0][0]]
+  versions, last = [], t.weight_versions[t.generated[0][0]] if t.generated else ep.weight_version
   for v in t.weight_versions:   # template tokens carry the version of the turn before them
     last = v if v >= 0 else last
     versions.append(last)
   return Completion(prompt_ids=list(t.prompt_ids), token_ids=list(t.token_ids),
                     logprobs=list(t.logprobs), finish_reason="length" if ep.truncated else "stop",
-                    weight_version=min(versions), text=tokenizer.decode(t.token_ids),
+                    weight_version=min(versions, default=ep.weight_version),
+                    text=tokenizer.decode(t.token_ids),
                     token_weight_versions=versions, loss_mask=list(t.loss_mask))
 
 

@@ -152,6 +152,20 @@ def test_a_lost_session_replays_the_group_and_closes_every_executor(tokenizer):
   assert episodes.metrics()["agent/lost_groups"] == 1.0
 
 
+def test_an_episode_out_of_time_before_its_first_turn_is_an_empty_row(tokenizer):
+  config = agent_config()
+  config.agent.episode_timeout_s = 0.05
+  gen = scripted(tokenizer)
+  gen.delay_s = 1.0
+  episodes = EpisodeGroups(config, generator=gen, env=Env(), tokenizer=tokenizer, open_executor=open_files)
+  group = asyncio.run(episodes.group(TASKS[0], SamplingParams(max_tokens=128)))
+  assert all(c.token_ids == [] and c.weight_version == 3 and c.finish_reason == "length"
+             for c in group.completions)
+  assert episodes.metrics()["agent/ending/episode_timeout"] == 1.0
+  group.advantages = np.zeros(group.size)
+  assert make_train_batch([group], 0).loss_mask.sum() == 0
+
+
 class SessionEnv(Env):
   """An env that opens sessions: the AgentSession calls SessionExecutor makes, over a dict."""
 
