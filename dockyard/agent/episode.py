@@ -21,6 +21,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import time
 from typing import Any, Awaitable, Callable, Mapping, Sequence
@@ -279,20 +280,22 @@ async def run_episode(generator: Generator, executor: ToolExecutor, renderer: Ch
 async def run_group(generator: Generator, open_executor: Callable[[Mapping[str, Any]], Awaitable[ToolExecutor]],
                     renderer: ChatRenderer, task: Mapping[str, Any],
                     messages: Sequence[Mapping[str, Any]], n: int, sampling: SamplingParams,
-                    config: AgentConfig) -> list[Episode]:
+                    config: AgentConfig, slots: asyncio.Semaphore | None = None) -> list[Episode]:
   """`n` episodes of one task, concurrently, each with its own executor (closed when it ends)
   and, when `sampling` is seeded, its own seed. If one raises, the others are cancelled (their
-  executors closed) and the error propagates."""
+  executors closed) and the error propagates. `slots`, shared by the groups of a step, bounds the
+  episodes (so the sandbox sessions) alive at once across them."""
   if n < 1:
     raise ValueError(f"run_group: n must be >= 1, got {n}")
 
   async def one(i: int) -> Episode:
-    executor = await open_executor(task)
-    try:
-      own = dataclasses.replace(sampling, seed=derive_seed(sampling.seed, i))
-      return await run_episode(generator, executor, renderer, task, messages, own, config)
-    finally:
-      await executor.close()
+    async with slots or contextlib.nullcontext():
+      executor = await open_executor(task)
+      try:
+        own = dataclasses.replace(sampling, seed=derive_seed(sampling.seed, i))
+        return await run_episode(generator, executor, renderer, task, messages, own, config)
+      finally:
+        await executor.close()
 
   tasks = [asyncio.ensure_future(one(i)) for i in range(n)]
   try:

@@ -15,6 +15,7 @@ counts tool-result tokens too, so agent configs bound length with `agent.*` inst
 """
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 from dockyard.agent.episode import (AgentConfig, Episode, SessionExecutor, ToolExecutor,
@@ -22,6 +23,7 @@ from dockyard.agent.episode import (AgentConfig, Episode, SessionExecutor, ToolE
 from dockyard.agent.tools import SESSION_TOOLS, Tool
 from dockyard.agent.trajectory import ChatRenderer
 from dockyard.grpo.batch import Group
+from dockyard.grpo.harness import max_in_flight
 from dockyard.rollout.base import Completion, Generator, SamplingParams
 from dockyard.sandbox.client import SessionLost
 
@@ -60,7 +62,9 @@ class EpisodeGroups:
   episodes played since it was last called (`agent/*`: turns, tool use, endings, times).
 
   By default each episode acts in a sandbox session the env opens (`env.open_session(task)`)
-  with the session's tools; `open_executor` and `tools` replace both."""
+  with the session's tools; `open_executor` and `tools` replace both. At most
+  `env.code.max_in_flight` episodes (64 for envs without it) are alive at once, over all groups:
+  each holds a session until it is graded."""
 
   def __init__(self, config, *, generator: Generator, env, tokenizer,
                open_executor: Callable[[Mapping[str, Any]], Awaitable[ToolExecutor]] | None = None,
@@ -75,6 +79,7 @@ class EpisodeGroups:
     self.renderer = ChatRenderer(tokenizer, tools)
     self._played: list[Episode] = []
     self._lost = 0
+    self.slots = asyncio.Semaphore(max_in_flight(config))
 
   async def _open_session(self, task: Mapping[str, Any]) -> ToolExecutor:
     return SessionExecutor(await self.env.open_session(task))
@@ -85,7 +90,8 @@ class EpisodeGroups:
     for attempt in range(MAX_GROUP_ATTEMPTS):
       try:
         episodes = await run_group(self.generator, self.open_executor, self.renderer, task,
-                                   self.env.prompt_messages(task), self.n, sampling, self.agent)
+                                   self.env.prompt_messages(task), self.n, sampling, self.agent,
+                                   self.slots)
         break
       except SessionLost:
         self._lost += 1

@@ -98,12 +98,15 @@ def test_episodes_become_scored_groups_with_per_token_masks(tokenizer):
   config = agent_config()
   gen = scripted(tokenizer)
   episodes = EpisodeGroups(config, generator=gen, env=Env(), tokenizer=tokenizer, open_executor=open_files)
+  assert episodes.slots._value == config.env.code.max_in_flight == 16
+  episodes.slots = asyncio.Semaphore(12)
   source = SyncSource(config, generator=gen, env=Env(), tokenizer=tokenizer, train_tasks=TASKS, episodes=episodes)
   source.start("", 0, None)
   groups, metrics = source.take(1)
   source.close()
   n = config.grpo.num_generations_per_prompt
   assert len(groups) == config.grpo.num_prompts_per_step and all(g.size == n for g in groups)
+  assert gen.max_in_flight == 12   # the slots bound the episodes alive at once, over the 4 groups
   assert metrics["agent/turns"] > 1 and metrics["agent/ending/submitted"] == 1.0
   values = sorted({r.value for g in groups for r in g.rewards})
   assert values == [-0.5, 0.0, 1.0]   # no; yes; a bad call (penalized), then a submit
