@@ -55,3 +55,27 @@ async def test_a_scripted_agent_fixes_the_repo_in_a_session(server, workspace):
   m = episode_metrics(episodes)
   assert m["agent/turns"] == 6 and m["agent/calls/edit"] == 2 and m["agent/ending/submitted"] == 1
   assert m["agent/env_s"] > 0
+
+
+async def test_episode_groups_play_in_sessions_the_swe_env_opens(server, workspace):
+  """The GRPO sources' default: each episode in a session `SweEnv.open_session` opens."""
+  import ml_collections
+
+  from dockyard.envs.swe import SweEnv
+  from dockyard.grpo.episodes import EpisodeGroups
+  tok = transformers.AutoTokenizer.from_pretrained(tiny.make_tiny_model())
+  gen = ScriptedGenerator(tok, lambda prompt: [TURNS[2], TURNS[-1]][prompt.count("<|im_start|>tool")])
+  config = ml_collections.ConfigDict(dict(
+      agent=dict(max_turns=4, max_context_tokens=8192), grpo=dict(num_generations_per_prompt=2),
+      env=dict()))
+  task = dict(rf.task(workspace["base"], "", instance_id="agent-group"),
+              problem_statement="calc.add subtracts; make it add.")
+  env = SweEnv(SandboxClient([server.url]), count_tokens=lambda s: len(tok.encode(s)),
+               repos_dir=workspace["repos"])
+  try:
+    group = await EpisodeGroups(config, generator=gen, env=env, tokenizer=tok).group(task, SamplingParams())
+  finally:
+    await env.close()
+  assert [r.value for r in group.rewards] == [1.0, 1.0]
+  assert all(r.info["verdict"]["resolved"] for r in group.rewards)
+  assert all(0 < sum(c.loss_mask) < len(c.token_ids) for c in group.completions)
