@@ -2,8 +2,8 @@
 
 Each turn the whole trajectory so far (token ids, `dockyard.agent.trajectory`) goes to
 `Generator.agenerate` with the tool call's end as a stop string, so generation stops at the end of
-a call (with vLLM's prefix caching, its V1 default, turn k+1 need not recompute turn k; not
-measured here). The turn's call is parsed and validated (`dockyard.agent.tools`); a bad one gets
+a call (vLLM's prefix caching, on by default and checked in tests/rollout/test_agent_stop_strings.py,
+keeps turn k+1 from recomputing turn k; the saving is not measured here). The turn's call is parsed and validated (`dockyard.agent.tools`); a bad one gets
 its error message as the tool result and counts toward `invalid_action_penalty`; a good one runs
 on the `ToolExecutor`. The episode ends
 when the model calls a tool that ends it (submit), answers without a call, or runs out of a

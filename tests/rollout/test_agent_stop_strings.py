@@ -1,7 +1,8 @@
 """What the agent's turn loop relies on from vLLM (`dockyard.agent.episode`): with a stop string,
 the returned token ids are the ones generated up to and including the token that completed the
 stop string (nothing after it), so decoding them shows the whole `</tool_call>`, and the
-trajectory keeps the engine's exact ids."""
+trajectory keeps the engine's exact ids; and prefix caching is on, so turn k+1 (the whole
+trajectory again) does not recompute turn k."""
 import pytest
 
 from dockyard.rollout.base import SamplingParams
@@ -25,3 +26,8 @@ def test_a_stop_string_keeps_the_token_that_completes_it(engine, tiny_path):
   assert cut.finish_reason == "stop"
   assert cut.token_ids == ids[:k] and len(cut.logprobs) == k
   assert stop in tok.decode(cut.token_ids)
+
+
+@pytest.mark.slow
+def test_prefix_caching_is_on(engine):
+  assert engine.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching
