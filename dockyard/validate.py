@@ -138,7 +138,17 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if g.num_minibatches < 1:
     raise ConfigError("grpo.num_minibatches", f"must be >= 1 (optimizer steps per batch), got {g.num_minibatches}")
   if g.max_rollout_turns != 1:
-    raise ConfigError("grpo.max_rollout_turns", "only single-turn rollouts (1) are implemented")
+    raise ConfigError("grpo.max_rollout_turns", "single-shot rollouts are 1 turn; multi-turn agent "
+                      "episodes come from an `agent` section (agent.max_turns)")
+  if "agent" in config:
+    from dockyard.agent.episode import AgentConfig
+    try:
+      AgentConfig.from_config(config.agent)
+    except (TypeError, ValueError) as e:
+      raise ConfigError("agent", str(e)) from None
+    if config.agent.get("max_context_tokens", 4096) > config.rollout.max_model_len:
+      raise ConfigError("agent.max_context_tokens", f"an episode's trajectory goes to the engine whole: "
+                        f"must be <= rollout.max_model_len ({config.rollout.max_model_len})")
   if g.advantage.estimator not in ("grpo", "gdpo", "reinforce++"):
     raise ConfigError("grpo.advantage.estimator", f"unknown estimator {g.advantage.estimator!r}")
   if g.async_grpo.enabled:

@@ -155,5 +155,10 @@ class SweEnv(Environment):
                           "reason": verdict.get("reason", ""), "pass_rate": verdict.get("pass_rate", 0.0),
                           "patch_applied": verdict.get("patch_applied")})
 
+  async def open_session(self, task: Mapping[str, Any]):
+    """A live sandbox session on the task's base commit, for a multi-turn agent episode
+    (`dockyard.grpo.episodes`): an `AgentSession` whose submit grades like `score`."""
+    return await self.client.open_session(task)
+
   async def close(self) -> None:
     await self.client.aclose()

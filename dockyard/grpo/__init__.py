@@ -11,6 +11,7 @@
   harness.py      around the steps: settings, validation + best-k, resume / warm start,
                   checkpoints, progress, the run's result
   source.py       the `TrajectorySource` seam; `SyncSource` (generate + score on demand)
+  episodes.py     multi-turn agent episodes as scored groups (per-token loss masks), for either source
   async_source.py `AsyncSource`: the collector thread feeding the age-bounded buffer
   age_buffer.py   `AgeBoundedBuffer`: scored groups between collector and trainer, age-bounded
   loop.py         `grpo_train`: the one loop over a trajectory source

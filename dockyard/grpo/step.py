@@ -124,7 +124,10 @@ def assign_advantages(groups: Sequence[Group], config) -> tuple[list[Group], dic
 def rollout_stats(groups: Sequence[Group], generate_s: float) -> dict[str, float]:
   completions = [c for g in groups for c in g.completions]
   lengths = np.array([len(c.token_ids) for c in completions], np.float64)
-  lps = np.concatenate([np.asarray(c.logprobs, np.float64) for c in completions] or [np.zeros(0)])
+  # a multi-turn episode's logprobs are 0.0 on its tool results: only its trained tokens count
+  lps = np.concatenate([np.asarray(c.logprobs, np.float64)[np.asarray(c.loss_mask, bool)]
+                        if c.loss_mask is not None else np.asarray(c.logprobs, np.float64)
+                        for c in completions] or [np.zeros(0)])
   return {
       "rollout/completion_len_mean": float(lengths.mean()),
       "rollout/completion_len_max": float(lengths.max()),

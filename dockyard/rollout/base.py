@@ -37,6 +37,9 @@ class Completion:
   weight_version: int            # the weight version that produced it (first token)
   text: str = ""
   token_weight_versions: list[int] | None = None  # per token, when weights changed mid-request
+  # Per token: 1 where the model generated it and it is trained on, 0 where not (a multi-turn
+  # episode's tool results and template tokens, `dockyard.grpo.episodes`). None: every token.
+  loss_mask: list[int] | None = None
 
 
 class Generator(abc.ABC):
