@@ -105,7 +105,6 @@ def get_config(arg=None):
   c.grpo = dict(
       num_prompts_per_step=8 if full else 4,
       num_generations_per_prompt=8,
-      max_rollout_turns=1,
       # Optimizer steps per batch (PPO-style minibatches of its sequences). 1: one step, the ratio
       # is exactly 1 at update time. > 1: later minibatches train against the prev logprobs of the
       # batch, so ratio clipping (and clip-higher) act.

@@ -137,9 +137,6 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise ConfigError("grpo.num_prompts_per_step", f"must be >= 1, got {g.num_prompts_per_step}")
   if g.num_minibatches < 1:
     raise ConfigError("grpo.num_minibatches", f"must be >= 1 (optimizer steps per batch), got {g.num_minibatches}")
-  if g.max_rollout_turns != 1:
-    raise ConfigError("grpo.max_rollout_turns", "single-shot rollouts are 1 turn; multi-turn agent "
-                      "episodes come from an `agent` section (agent.max_turns)")
   if "agent" in config:
     from dockyard.agent.episode import AgentConfig
     try:
