@@ -114,3 +114,35 @@ class RepoCache:
     _git("add", "-A", "-f", cwd=tree)
     _git("commit", "-q", "--no-verify", "--allow-empty", "-m", f"base {sha}", cwd=tree)
     subprocess.run(["chmod", "-R", "a+rwX", tree], check=True)
+
+
+def spec_tree(cache_dir: str, files) -> str:
+  """The read-only starting tree of a terminal task (`files`: (relative path, text) pairs, already
+  validated by `task.parse_terminal_task`), built once per distinct spec under
+  `<cache_dir>/specs/<sha256>/tree` and world-writable for the same reason as the repo trees."""
+  import hashlib
+  import json
+  key = hashlib.sha256(json.dumps(list(files), ensure_ascii=False).encode("utf-8", "surrogatepass"))
+  final = os.path.join(cache_dir, "specs", key.hexdigest())
+  tree = os.path.join(final, "tree")
+  if os.path.exists(os.path.join(final, "ready")):
+    return tree
+  os.makedirs(os.path.dirname(final), mode=0o700, exist_ok=True)
+  scratch = tempfile.mkdtemp(dir=os.path.dirname(final), prefix=".build-")
+  try:
+    os.makedirs(os.path.join(scratch, "tree"))
+    for path, text in files:
+      dest = os.path.join(scratch, "tree", path)
+      os.makedirs(os.path.dirname(dest), exist_ok=True)
+      with open(dest, "w", encoding="utf-8", errors="surrogatepass", newline="") as f:
+        f.write(text)
+    subprocess.run(["chmod", "-R", "a+rwX", os.path.join(scratch, "tree")], check=True)
+    open(os.path.join(scratch, "ready"), "w").close()
+    try:
+      os.rename(scratch, final)
+    except OSError:   # another executor built the same spec meanwhile
+      shutil.rmtree(scratch, ignore_errors=True)
+  except BaseException:
+    shutil.rmtree(scratch, ignore_errors=True)
+    raise
+  return tree
