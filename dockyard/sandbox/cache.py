@@ -116,10 +116,12 @@ class RepoCache:
     subprocess.run(["chmod", "-R", "a+rwX", tree], check=True)
 
 
-def spec_tree(cache_dir: str, files) -> str:
+def spec_tree(cache_dir: str, files, owner: int) -> str:
   """The read-only starting tree of a terminal task (`files`: (relative path, text) pairs, already
   validated by `task.parse_terminal_task`), built once per distinct spec under
-  `<cache_dir>/specs/<sha256>/tree` and world-writable for the same reason as the repo trees."""
+  `<cache_dir>/specs/<sha256>/tree`. Its files are owned by `owner` (the sandbox uid), modes 0644
+  and dirs 0755: the agent's copy-up keeps the owner, so it may chmod them (a task can ask for
+  that); the tree itself is only ever an overlay's lower layer, under the 0700 cache root."""
   import hashlib
   import json
   key = hashlib.sha256(json.dumps(list(files), ensure_ascii=False).encode("utf-8", "surrogatepass"))
@@ -136,7 +138,8 @@ def spec_tree(cache_dir: str, files) -> str:
       os.makedirs(os.path.dirname(dest), exist_ok=True)
       with open(dest, "w", encoding="utf-8", errors="surrogatepass", newline="") as f:
         f.write(text)
-    subprocess.run(["chmod", "-R", "a+rwX", os.path.join(scratch, "tree")], check=True)
+    subprocess.run(["chmod", "-R", "u=rwX,go=rX", os.path.join(scratch, "tree")], check=True)
+    subprocess.run(["chown", "-R", f"{owner}:{owner}", os.path.join(scratch, "tree")], check=True)
     open(os.path.join(scratch, "ready"), "w").close()
     try:
       os.rename(scratch, final)

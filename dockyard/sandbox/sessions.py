@@ -161,7 +161,8 @@ class SessionManager:
     self._pending += 1
     try:
       if terminal is not None:   # the starting directory: files from the spec, then its setup
-        lower = await asyncio.to_thread(spec_tree, self.executor.cache.cache_dir, terminal.files)
+        lower = await asyncio.to_thread(spec_tree, self.executor.cache.cache_dir, terminal.files,
+                                        isolation.SANDBOX_UID)
         binds = [(TOOLS_DIR, TOOLS_MOUNT)]
       else:
         try:
