@@ -1,0 +1,66 @@
+"""The terminal environment: Terminal-Bench-style shell tasks (`dockyard.data.terminal`) played in
+sandbox sessions; the task's checker, run after the episode, is the reward.
+
+An agent episode (`configs/terminal.py`, the config's `agent` section) opens a session on the
+task (`open_session`): the executor builds the starting directory from the task's files, runs its
+setup, and serves the session's tools in /testbed; `submit` (or the episode's end) runs the
+checker in a fresh sandbox over the directory the agent left, from the host-side task record, so
+the agent can neither read nor replace it, and whatever it wrote outside /testbed is gone (each
+command's /tmp and $HOME are its own). Reward: 1 when the checker exits 0, else 0.
+
+`score` (single-shot validation) runs every tool call of one completion in order in a fresh
+session, then the checker (`dockyard.agent.episode.play_completion`). `oracle_calls` is the
+task's reference solution as the agent's tool calls (bash commands, then submit); `oracle_turns`
+renders them as the model's turns, and `gold_completion` as one completion, for an SFT warm start.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from dockyard.agent.episode import SessionExecutor, play_completion
+from dockyard.agent.tools import ToolCall, format_call
+from dockyard.envs.base import Environment, Reward
+
+SYSTEM_PROMPT = (
+    "You are an agent working in a Linux shell sandbox. Your working directory is /testbed: every "
+    "command starts there (cd does not carry over; chain steps with &&) and only what is under "
+    "/testbed counts. Do the task with the tools, one call per turn, then call submit.")
+
+
+def oracle_calls(task: Mapping[str, Any]) -> list[ToolCall]:
+  """The task's reference solution as tool calls: each oracle command a `bash` call, then submit."""
+  return [ToolCall("bash", {"command": c}) for c in task["oracle"]] + [ToolCall("submit", {})]
+
+
+def oracle_turns(task: Mapping[str, Any]) -> list[str]:
+  """The model's turns of an oracle episode (what an SFT warm start on oracle trajectories trains on)."""
+  return [format_call(c) for c in oracle_calls(task)]
+
+
+class TerminalEnv(Environment):
+  """Terminal tasks in sessions of one `SandboxClient`."""
+
+  def __init__(self, client):
+    self.client = client
+
+  def prompt_messages(self, task: Mapping[str, Any]) -> list[dict[str, str]]:
+    return [{"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": task["instruction"]}]
+
+  async def open_session(self, task: Mapping[str, Any]):
+    """A live session in the task's starting directory; its submit runs the checker."""
+    return await self.client.open_session(dict(task))
+
+  def gold_completion(self, task: Mapping[str, Any]) -> str:
+    return "\n".join(oracle_turns(task))
+
+  async def score(self, task: Mapping[str, Any], completion: str) -> Reward:
+    return await play_completion(SessionExecutor(await self.open_session(task)), completion)
+
+  def validation_metrics(self, rewards: Sequence[Reward]) -> dict[str, float]:
+    n = max(len(rewards), 1)
+    return {"success_rate": sum(self.is_success(r) for r in rewards) / n,
+            "malformed_fraction": sum(r.malformed for r in rewards) / n}
+
+  async def close(self) -> None:
+    await self.client.aclose()
