@@ -4,7 +4,8 @@ by the held-out tests in a fresh checkout, and the verdict is the reward.
 
 Built on configs/swe.py (same variants, models and task sets) plus the `agent` section that
 `dockyard.agent.episode.AgentConfig` reads (docs/agent-episodes.md): with it both GRPO loops play
-episodes (`dockyard.grpo.episodes`) and the SWE env prompts for an agent (the issue, no code).
+episodes (`dockyard.grpo.episodes`) and the env is `dockyard.agent.envs.SweAgentEnv` (its prompt
+is the issue alone, no code).
 On this machine (variant `tiny`, the tiny local model, sync GRPO):
 
   python -m dockyard.launch --config=configs/swe_agent.py:tiny --workdir=workdirs/swe_agent
@@ -31,6 +32,9 @@ def get_config(arg=None):
   # Each validation sample is a session too (its completion's calls, then submit).
   c.grpo.max_val_samples = 64 if full else 8
   c.rollout.max_new_tokens = 1024 if full else 256   # per turn
+  if not full:   # the tools block is ~1,400 tokens of the tiny tokenizer; 4096 is the tiny model's most
+    c.policy.max_seq_len = 4096
+    c.rollout.max_model_len = 4096
   c.agent = dict(
       max_turns=30 if full else 8,
       max_context_tokens=c.rollout.max_model_len,   # the engine sees the whole trajectory

@@ -10,7 +10,7 @@ and doing nothing fails it (tests/sandbox/test_terminal_tasks.py). On this machi
   python -m dockyard.launch --config=configs/terminal.py:tiny --workdir=workdirs/terminal
 
 Variants as in configs/swe.py (`tiny` | `full`, `torch`, `sync`). No SFT warm start by default;
-the oracle as the model's turns is `dockyard.envs.terminal.oracle_turns(task)`.
+the oracle as the model's turns is `dockyard.agent.envs.oracle_turns(task)`.
 """
 from configs import swe
 from dockyard import config_lib
@@ -34,8 +34,10 @@ def get_config(arg=None):
   c.grpo.sft_warmup.steps = 0
   c.grpo.max_val_samples = 48 if full else 16     # of the 48 held-out tasks
   c.checkpoint.metric = "val/success_rate"
-  c.policy.max_seq_len = 8192 if full else 2048
-  c.rollout.max_model_len = 8192 if full else 2048
+  # tiny: the tools block alone is ~1,400 tokens of the tiny tokenizer, so 4096 (the tiny model's
+  # max_position_embeddings) leaves an episode ~2,500 for its turns and their results.
+  c.policy.max_seq_len = 8192 if full else 4096
+  c.rollout.max_model_len = 8192 if full else 4096
   c.rollout.max_new_tokens = 512 if full else 128   # per turn: one command
   # Sessions: short commands on tiny directories.
   c.sandbox.timeout_s = 30.0 if full else 15.0

@@ -71,7 +71,7 @@ def build_env(config, tokenizer, stack: contextlib.ExitStack) -> tuple[Any, list
     return math_env.MathEnv(cfg), train, val, val
   if config.env.name == "terminal":   # generated tasks, split by family; held out = val = test
     from dockyard.data import terminal as terminal_data
-    from dockyard.envs.terminal import TerminalEnv
+    from dockyard.agent.envs import TerminalEnv
     t = config.env.terminal
     tasks = terminal_data.make_tasks(t.seed, t.tasks_per_family,
                                      tuple(t.train_families) + tuple(t.heldout_families))
@@ -79,6 +79,10 @@ def build_env(config, tokenizer, stack: contextlib.ExitStack) -> tuple[Any, list
     return TerminalEnv(sandbox_client(config, stack)), train, heldout, heldout
   from dockyard.data import swe as swe_data
   from dockyard.envs.swe import SweEnv
+  if "agent" in config:   # multi-turn episodes in sessions: the agent's prompt and scoring
+    from dockyard.agent.envs import SweAgentEnv as env_class
+  else:
+    env_class = SweEnv
 
   def load(path):
     return [t.to_dict() for t in swe_data.load_tasks(path)] if path and os.path.exists(path) else []
@@ -91,9 +95,9 @@ def build_env(config, tokenizer, stack: contextlib.ExitStack) -> tuple[Any, list
   repo_lib.ensure_repos(config.data.manifest, train + val + test, repos_dir, progress=True)
   client = sandbox_client(config, stack)
   count = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])
-  env = SweEnv(client, count, prompt_token_budget=config.env.code.prompt_token_budget,
-               issue_token_budget=config.env.code.get("issue_token_budget", 0),
-               reward=config.env.code.reward, repos_dir=repos_dir, agent="agent" in config)
+  env = env_class(client, count, prompt_token_budget=config.env.code.prompt_token_budget,
+                  issue_token_budget=config.env.code.get("issue_token_budget", 0),
+                  reward=config.env.code.reward, repos_dir=repos_dir)
   return env, train, val, test
 
 

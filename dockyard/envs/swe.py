@@ -1,6 +1,4 @@
-"""The SWE environment: a task's prompt in, one completion's patch graded by the sandbox out; or,
-for a multi-turn agent (`agent=True`, a config with an `agent` section), an agent prompt (the
-issue; the agent reads the code in its session, `open_session`) whose submit is graded the same way.
+"""The single-shot SWE environment: a task's prompt in, one completion's patch graded by the sandbox out.
 
 Prompt = the problem statement (cut to `env.code.issue_token_budget` when set) + the relevant source files of the repository at `base_commit`.
 Which files: the files the task's gold patch edits (SWE-bench's "oracle" retrieval), read from the
@@ -22,15 +20,9 @@ from typing import Any, Callable, Mapping
 
 import unidiff
 
-from dockyard.agent.episode import SessionExecutor, play_completion
 from dockyard.data import repos
 from dockyard.envs import patch_extract
 from dockyard.envs.base import Environment, Reward
-
-AGENT_SYSTEM_PROMPT = (
-    "You fix bugs in a Python repository checked out at /testbed. Explore it and run its tests "
-    "with the tools (one call per turn; every command starts in /testbed), edit the code to fix "
-    "the issue, then call submit: your changes are graded by held-out tests.")
 
 SYSTEM_PROMPT = (
     "You fix bugs in Python repositories. Answer with a unified diff (git format, paths relative to "
@@ -104,23 +96,12 @@ def build_prompt(task: Mapping[str, Any], read_file: Callable[[str], str | None]
   return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
 
 
-def agent_prompt(task: Mapping[str, Any], count_tokens: Callable[[str], int],
-                 issue_budget: int = 0) -> list[dict[str, str]]:
-  """Chat messages for a multi-turn agent: the issue (cut to `issue_budget` tokens when > 0) and no
-  code, which the agent reads itself in its session."""
-  issue = shorten_issue(task["problem_statement"], count_tokens, issue_budget)
-  user = (f"Repository: {task['repo']} (at /testbed)\n\nIssue:\n{issue}\n\nFix the issue, then "
-          "call submit.")
-  return [{"role": "system", "content": AGENT_SYSTEM_PROMPT}, {"role": "user", "content": user}]
-
-
 class SweEnv(Environment):
   """Scores patches through one `SandboxClient` (many scorings in flight)."""
 
   def __init__(self, client, count_tokens: Callable[[str], int], prompt_token_budget: int = 1024,
                reward: str = "resolved", repos_dir: str | None = None, gold_context: int = 1,
-               issue_token_budget: int = 0, agent: bool = False):
-    """`agent`: prompts for a multi-turn agent in a session (`agent_prompt`), not for a patch."""
+               issue_token_budget: int = 0):
     if reward not in ("resolved", "pass_rate"):
       raise ValueError(f"env.code.reward must be 'resolved' or 'pass_rate', got {reward!r}")
     self.client = client
@@ -130,7 +111,6 @@ class SweEnv(Environment):
     self.repos_dir = repos_dir or repos.default_repos_dir()
     self.gold_context = gold_context
     self.issue_budget = issue_token_budget
-    self.agent = agent
 
   def _reader(self, task: Mapping[str, Any]) -> Callable[[str], str | None]:
     root = os.path.join(self.repos_dir, repos.repo_dirname(task["repo"]))
@@ -142,8 +122,6 @@ class SweEnv(Environment):
     return read
 
   def prompt_messages(self, task: Mapping[str, Any]) -> list[dict[str, str]]:
-    if self.agent:
-      return agent_prompt(task, self.count_tokens, self.issue_budget)
     return build_prompt(task, self._reader(task), self.count_tokens, self.budget, self.issue_budget)
 
   def gold_completion(self, task: Mapping[str, Any]) -> str:
@@ -162,12 +140,6 @@ class SweEnv(Environment):
             "pass_rate": sum(float(r.info.get("pass_rate") or 0.0) for r in rewards) / n}
 
   async def score(self, task: Mapping[str, Any], completion: str) -> Reward:
-    if self.agent:   # the completion's tool calls in a session, then its submit (the verdict's reward)
-      reward = await play_completion(SessionExecutor(await self.open_session(task)), completion)
-      verdict = reward.info.get("verdict") or {}
-      reward.info.update(resolved=bool(verdict.get("resolved")), pass_rate=verdict.get("pass_rate", 0.0),
-                         findings=verdict.get("findings") or [])
-      return reward
     got = patch_extract.extract_patch(completion)
     if got.patch is None:
       return Reward(0.0, {"reason": got.reason}, malformed=True)

@@ -1,5 +1,14 @@
-"""The terminal environment: Terminal-Bench-style shell tasks (`dockyard.data.terminal`) played in
-sandbox sessions; the task's checker, run after the episode, is the reward.
+"""Environments for multi-turn agents (a config with an `agent` section): their prompts ask for
+tool calls, `open_session(task)` is where an episode acts, and `score` (single-shot validation)
+runs one completion's tool calls in a fresh session (`play_completion`) and grades what they left.
+They live here, not in dockyard.envs, because they build on the agent's tools and episodes.
+
+`SweAgentEnv`: the SWE tasks; the prompt is the issue alone (the agent reads the code in its
+session), and submit grades the diff by the held-out tests in a fresh checkout (reward: the
+verdict's, resolved and zeroed by an integrity finding).
+
+`TerminalEnv`: Terminal-Bench-style shell tasks (`dockyard.data.terminal`) played in sandbox
+sessions; the task's checker, run after the episode, is the reward.
 
 An agent episode (`configs/terminal.py`, the config's `agent` section) opens a session on the
 task (`open_session`): the executor builds the starting directory from the task's files, runs its
@@ -20,11 +29,35 @@ from typing import Any, Mapping, Sequence
 from dockyard.agent.episode import SessionExecutor, play_completion
 from dockyard.agent.tools import ToolCall, format_call
 from dockyard.envs.base import Environment, Reward
+from dockyard.envs.swe import SweEnv, shorten_issue
 
-SYSTEM_PROMPT = (
+SWE_SYSTEM_PROMPT = (
+    "You fix bugs in a Python repository checked out at /testbed. Explore it and run its tests "
+    "with the tools (one call per turn; every command starts in /testbed), edit the code to fix "
+    "the issue, then call submit: your changes are graded by held-out tests.")
+
+TERMINAL_SYSTEM_PROMPT = (
     "You are an agent working in a Linux shell sandbox. Your working directory is /testbed: every "
     "command starts there (cd does not carry over; chain steps with &&) and only what is under "
     "/testbed counts. Do the task with the tools, one call per turn, then call submit.")
+
+
+class SweAgentEnv(SweEnv):
+  """The SWE env for an agent: prompts with the issue alone (cut to `issue_token_budget` tokens
+  when > 0); `score` plays a completion's calls in a session, then its submit grades the diff."""
+
+  def prompt_messages(self, task: Mapping[str, Any]) -> list[dict[str, str]]:
+    issue = shorten_issue(task["problem_statement"], self.count_tokens, self.issue_budget)
+    user = (f"Repository: {task['repo']} (at /testbed)\n\nIssue:\n{issue}\n\nFix the issue, then "
+            "call submit.")
+    return [{"role": "system", "content": SWE_SYSTEM_PROMPT}, {"role": "user", "content": user}]
+
+  async def score(self, task: Mapping[str, Any], completion: str) -> Reward:
+    reward = await play_completion(SessionExecutor(await self.open_session(task)), completion)
+    verdict = reward.info.get("verdict") or {}
+    reward.info.update(resolved=bool(verdict.get("resolved")), pass_rate=verdict.get("pass_rate", 0.0),
+                       findings=verdict.get("findings") or [])
+    return reward
 
 
 def oracle_calls(task: Mapping[str, Any]) -> list[ToolCall]:
@@ -44,7 +77,7 @@ class TerminalEnv(Environment):
     self.client = client
 
   def prompt_messages(self, task: Mapping[str, Any]) -> list[dict[str, str]]:
-    return [{"role": "system", "content": SYSTEM_PROMPT},
+    return [{"role": "system", "content": TERMINAL_SYSTEM_PROMPT},
             {"role": "user", "content": task["instruction"]}]
 
   async def open_session(self, task: Mapping[str, Any]):
