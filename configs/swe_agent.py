@@ -32,7 +32,7 @@ def get_config(arg=None):
   # Each validation sample is a session too (its completion's calls, then submit).
   c.grpo.max_val_samples = 64 if full else 8
   c.rollout.max_new_tokens = 1024 if full else 256   # per turn
-  if not full:   # the tools block is ~1,400 tokens of the tiny tokenizer; 4096 is the tiny model's most
+  if not full:   # the tools block is ~1,300 tokens of the tiny tokenizer; 4096: the tiny model's most
     c.policy.max_seq_len = 4096
     c.rollout.max_model_len = 4096
   c.agent = dict(

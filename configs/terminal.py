@@ -34,8 +34,8 @@ def get_config(arg=None):
   c.grpo.sft_warmup.steps = 0
   c.grpo.max_val_samples = 48 if full else 16     # of the 48 held-out tasks
   c.checkpoint.metric = "val/success_rate"
-  # tiny: the tools block alone is ~1,400 tokens of the tiny tokenizer, so 4096 (the tiny model's
-  # max_position_embeddings) leaves an episode ~2,500 for its turns and their results.
+  # tiny: the tools block alone is ~1,300 tokens of the tiny tokenizer (a prompt ~1,480), so 4096
+  # (the tiny model's max_position_embeddings) leaves an episode ~2,600 for turns and results.
   c.policy.max_seq_len = 8192 if full else 4096
   c.rollout.max_model_len = 8192 if full else 4096
   c.rollout.max_new_tokens = 512 if full else 128   # per turn: one command
