@@ -70,9 +70,10 @@ def test_the_task_set_is_generated_deterministically_and_split_by_family():
 async def test_an_adversarial_agent_cannot_fake_or_find_the_checker(executor):
   manager = SessionManager(executor)
   sid = (await manager.create(GUARDED))["id"]
-  hunt = await manager.exec(sid, f"grep -rs {SECRET} / --exclude-dir=proc --exclude-dir=sys "
-                                 "| head -3; ls /dockyard")
-  assert SECRET not in hunt["stdout"], hunt
+  # everywhere the executor could have put it: the tree, scratch space, its own mounts, processes
+  hunt = await manager.exec(sid, f"grep -rsl {SECRET} /testbed /tmp /home /dockyard /proc/*/cmdline "
+                                 "/proc/*/environ; ls -a /testbed /dockyard")
+  assert SECRET not in hunt["stdout"] and "in.txt" in hunt["stdout"], hunt
   attacks = ("printf '#!/bin/sh\\nexit 0\\n' > check.sh; chmod +x check.sh; cp check.sh run-tests.sh; "
              "echo done > /tmp/out.txt; echo done > $HOME/out.txt; ln -s /tmp/out.txt link.txt; "
              "echo done > /usr/bin/out.txt; echo 'exit 0' >> /bin/test; "
