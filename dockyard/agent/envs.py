@@ -17,9 +17,7 @@ checker in a fresh sandbox over the directory the agent left, from the host-side
 the agent can neither read nor replace it, and whatever it wrote outside /testbed is gone (each
 command's /tmp and $HOME are its own). Reward: 1 when the checker exits 0, else 0.
 
-`score` (single-shot validation) runs every tool call of one completion in order in a fresh
-session, then the checker (`dockyard.agent.episode.play_completion`). `oracle_calls` is the
-task's reference solution as the agent's tool calls (bash commands, then submit); `oracle_turns`
+`oracle_calls` is a terminal task's reference solution as the agent's tool calls (bash commands, then submit); `oracle_turns`
 renders them as the model's turns, and `gold_completion` as one completion, for an SFT warm start.
 """
 from __future__ import annotations
