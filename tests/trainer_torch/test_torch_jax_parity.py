@@ -1,16 +1,10 @@
 """Parity with the JAX backend: one HF checkpoint, one batch -> the same logprobs, loss, metrics,
 gradient norm and, after one AdamW step, the same weights (HF layout, through each side's
-name-map path). Skips, naming the reason, when the JAX trainer's `JaxPolicy` is not present."""
-import importlib.util
-
+name-map path)."""
 import numpy as np
 import pytest
 
 import torch_common
-
-if importlib.util.find_spec("dockyard.trainer_jax.policy") is None:
-  pytest.skip("dockyard.trainer_jax.policy (JaxPolicy, branch 'trainer') is not in this tree",
-              allow_module_level=True)
 
 
 @pytest.fixture(scope="module")
