@@ -1,4 +1,8 @@
-"""Supervised fine-tuning with a masked NLL: the GRPO loop's warm start, and a plain loop to read.
+"""Standalone supervised fine-tuning of a JaxPolicy with a masked NLL: a plain loop to read.
+
+Not the GRPO warm start (that is `dockyard.grpo.sft`, which trains any Policy through its seam);
+this one owns its grain pipeline and orbax checkpoints, for SFT on its own from a JSONL of
+{"prompt", "answer"} records.
 
 `run_sft` is the whole training loop top to bottom: build the policy, the grain pipeline and the
 checkpoint manager; restore if the workdir has a checkpoint; `for step in range(start, total)`

@@ -208,7 +208,7 @@ def test_temperature_divides_the_logits_in_logprobs_and_train_step(tiny_models, 
   """logprobs(batch at T) is log_softmax(logits / T); train_step feeds the loss the same: with
   prev = logprobs at T the PPO ratio is exactly 1, with the raw T=1 logprobs it is not."""
   import jax.numpy as jnp
-  from dockyard.grpo import loss_jax
+  from dockyard.trainer_jax import loss as jax_loss
   from dockyard.grpo.loss_spec import LossConfig
   policy = _policy(tiny_models["qwen2"], config)
   policy.set_lr(0.0)   # weights stay put, so both steps below see the same model
@@ -221,7 +221,7 @@ def test_temperature_divides_the_logits_in_logprobs_and_train_step(tiny_models, 
   np.testing.assert_allclose(lp_hot[:, 1:], want, atol=1e-5)
   m = b.loss_mask > 0
   assert np.abs(lp_hot - lp_raw)[m].mean() > 0.01   # T=0.7 is another distribution (>> 1e-5)
-  pg = loss_jax.make_pg_loss(LossConfig(use_importance_sampling_correction=False))
+  pg = jax_loss.make_pg_loss(LossConfig(use_importance_sampling_correction=False))
 
   def loss(lp, mask, extras):   # the PG loss, plus how far the trained logprobs are from prev
     value, metrics = pg(lp, mask, extras)
