@@ -105,7 +105,7 @@ def create_weight_synchronizer(config: Any, policy: Policy, generator,
   """The synchronizer for `config` (transport from `config.refit.transport`, canary from
   `config.refit.canary`: random probe ids below the engine's vocabulary unless one is given)."""
   transport = make_transport(pick_transport_name(config, generator), generator)
-  c = config.refit.canary
-  if canary is None and c.enabled:
-    canary = RefitCanary.random(generator.vocab_size, float(c.max_abs_logprob_delta))
+  canary_cfg = config.refit.canary
+  if canary is None and canary_cfg.enabled:
+    canary = RefitCanary.random(generator.vocab_size, float(canary_cfg.max_abs_logprob_delta))
   return WeightSynchronizer(policy, generator, transport, canary)
