@@ -46,7 +46,7 @@ def get_config(arg=None):
   # tiny: constant (no warmup, inherited from swe tiny), the rate the measured runs trained at.
   config.optim.end_lr_factor = 0.1 if full else 1.0
 
-  # grpo: many short samples per step; no KL (its forward is skipped); sync loop by default.
+  # grpo: many short samples per step; no KL (its forward is skipped); the sync trajectory source by default.
   config.grpo.num_prompts_per_step = 16
   config.grpo.num_generations_per_prompt = 8
   config.grpo.max_num_steps = 200 if full else 800

@@ -21,7 +21,6 @@ import os
 import numpy as np
 
 from dockyard import estimators
-from dockyard.estimators import wilson_interval  # noqa: F401 — the historical import path
 from dockyard.rollout.base import SamplingParams
 
 SAMPLES = "eval_samples.jsonl"

@@ -2,7 +2,7 @@
 
 One call, `refit()`, after each optimizer step: push the policy's weights as a new, strictly
 larger version, run the refit canary (raises past its bound), ready the engines. The engines are
-synced eagerly because both loops sample right after a step; there is no stale state to carry.
+synced eagerly because both trajectory sources sample right after a step; there is no stale state to carry.
 `create_weight_synchronizer` picks the transport from `config.refit.transport` ('auto': by
 topology, from `config.cluster` and where the generator says its engines run).
 """
