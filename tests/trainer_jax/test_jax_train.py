@@ -208,8 +208,8 @@ def test_temperature_divides_the_logits_in_logprobs_and_train_step(tiny_models, 
   """logprobs(batch at T) is log_softmax(logits / T); train_step feeds the loss the same: with
   prev = logprobs at T the PPO ratio is exactly 1, with the raw T=1 logprobs it is not."""
   import jax.numpy as jnp
-  from dockyard.trainer_jax import loss as jax_loss
   from dockyard.grpo.loss_spec import LossConfig
+  from dockyard.trainer_jax import loss as jax_loss
   policy = _policy(tiny_models["qwen2"], config)
   policy.set_lr(0.0)   # weights stay put, so both steps below see the same model
   b = _batch(policy.model.config.vocab_size, seed=3)

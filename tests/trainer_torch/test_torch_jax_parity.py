@@ -36,12 +36,12 @@ def test_same_checkpoint_same_weights_and_logprobs(both):
 
 def test_one_train_step_matches(both):
   from dockyard.trainer_jax import loss as jax_loss
-  from dockyard.trainer_torch import loss as loss_torch
+  from dockyard.trainer_torch import loss as torch_loss
   torch_policy, jax_policy, cfg = both
   lc = torch_common.loss_config(cfg)
   batch = torch_common.make_batch(seed=6)
   batch = torch_common.with_prev(batch, torch_policy.logprobs(batch))
-  m_t = torch_policy.train_step(batch, loss_torch.make_pg_loss(lc))
+  m_t = torch_policy.train_step(batch, torch_loss.make_pg_loss(lc))
   m_j = jax_policy.train_step(batch, jax_loss.make_pg_loss(lc))
   assert m_t["grad_norm"] > cfg.optim.max_grad_norm   # both clip
   for k in ("loss", "pg_loss", "clip_fraction", "ratio_mean", "is_weight_mean", "grad_norm", "lr"):
