@@ -21,7 +21,8 @@ import numpy as np
 
 from dockyard.policy import TrainBatch
 from dockyard.trainer_jax import data as data_lib
-from dockyard.trainer_jax.policy import JaxPolicy, masked_nll
+from dockyard.trainer_jax.loss import nll_loss
+from dockyard.trainer_jax.policy import JaxPolicy
 
 
 def encode_records(encode: Callable[[str], list[int]], pairs: Sequence[tuple[str, str]]) -> list[dict]:
@@ -58,7 +59,7 @@ def run_sft(policy: JaxPolicy, records: Sequence[dict], workdir: str, total_step
   for step in range(policy.step, total_steps):
     ex = next(it)
     batch = TrainBatch(ex["input_ids"], ex["attention_mask"], ex["loss_mask"])
-    metrics = policy.train_step(batch, masked_nll)
+    metrics = policy.train_step(batch, nll_loss)
     history.append({"step": step + 1, **metrics})
     log(json.dumps(history[-1]))
     if (step + 1) % save_every == 0 or step + 1 == total_steps:
