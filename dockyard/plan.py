@@ -47,7 +47,7 @@ class RunPlan:
     ]
     for f in self.fleets:
       lines.append(f"  fleet    {f.name:<9} x{f.count:<3} {json.dumps(f.resources)} placement={f.placement} on {f.nodes}")
-    if self.env == "swe":  # only the SWE env grades in a sandbox
+    if self.env in ("swe", "terminal"):  # the envs that grade in a sandbox
       lines.append(f"  sandbox  {', '.join(self.sandbox_urls) or 'local executor fleet on 127.0.0.1'}")
     lines.append(f"  data     env={self.env}  " + "  ".join(f"{k}={v}" for k, v in self.data.items()))
     return "\n".join(lines)
@@ -73,8 +73,9 @@ def make_plan(config: ml_collections.ConfigDict) -> RunPlan:
       Fleet("rollout", config.rollout.num_engines,
             {unit: config.rollout.tensor_parallel_size}, "PACK (one bundle per TP rank)", inference_nodes),
   ]
-  sandbox_urls = tuple(config.env.code.sandbox_urls) if config.env.name == "swe" else ()
-  if config.env.name == "swe" and not sandbox_urls:   # the runner starts a local fleet then
+  sandboxed = config.env.name in ("swe", "terminal")
+  sandbox_urls = tuple(config.env.code.sandbox_urls) if sandboxed else ()
+  if sandboxed and not sandbox_urls:   # the runner starts a local fleet then
     fleets.append(Fleet("sandbox", config.sandbox.num_executors,
                         {"CPU": max(config.sandbox.slots, 1)}, "SPREAD", "every node"))
   loop = "async" if config.grpo.async_grpo.enabled else "sync"
@@ -86,6 +87,11 @@ def make_plan(config: ml_collections.ConfigDict) -> RunPlan:
     policy = packaged.describe(policy)
   if config.env.name == "swe":
     data = {"train": config.data.train, "validation": config.data.validation, "test": config.data.test}
+  elif config.env.name == "terminal":   # tasks generated at start (dockyard.data.terminal)
+    t = config.env.terminal
+    data = {"train": f"{t.tasks_per_family} generated per family of {', '.join(t.train_families)} "
+                     f"(seed {t.seed})",
+            "validation": f"held-out families {', '.join(t.heldout_families)}"}
   else:  # math: questions generated in process (dockyard.envs.math); the data.* paths are unused
     math_cfg = config.env.math
     data = {"train": f"{math_cfg.num_train} generated ({' '.join(math_cfg.ops)}, operands "

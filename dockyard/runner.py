@@ -49,6 +49,19 @@ def resolve_model(config) -> str:
   return tiny.make_tiny_model(dict(config.policy.tiny), seed=config.run.seed)
 
 
+def sandbox_client(config, stack: contextlib.ExitStack):
+  """A `SandboxClient` on `env.code.sandbox_urls`, or on a local executor fleet started here (and
+  shut down with `stack`) when there are none."""
+  from dockyard.sandbox.client import SandboxClient
+  urls = list(config.env.code.sandbox_urls)
+  if not urls:
+    from dockyard.sandbox.fleet import start_local_fleet
+    with console.phase("starting the local sandbox fleet"):
+      urls, handle = start_local_fleet(config)
+    stack.callback(handle.shutdown)
+  return SandboxClient.from_config(config, urls=urls)
+
+
 def build_env(config, tokenizer, stack: contextlib.ExitStack) -> tuple[Any, list, list, list]:
   """(env, train_tasks, val_tasks, test_tasks) for `config.env.name`."""
   if config.env.name == "math":
@@ -56,9 +69,20 @@ def build_env(config, tokenizer, stack: contextlib.ExitStack) -> tuple[Any, list
     cfg = math_env.MathConfig.from_config(config)
     train, val = math_env.make_dataset(cfg)
     return math_env.MathEnv(cfg), train, val, val
+  if config.env.name == "terminal":   # generated tasks, split by family; held out = val = test
+    from dockyard.data import terminal as terminal_data
+    from dockyard.agent.envs import TerminalEnv
+    t = config.env.terminal
+    tasks = terminal_data.make_tasks(t.seed, t.tasks_per_family,
+                                     tuple(t.train_families) + tuple(t.heldout_families))
+    train, heldout = terminal_data.split(tasks, t.train_families, t.heldout_families)
+    return TerminalEnv(sandbox_client(config, stack)), train, heldout, heldout
   from dockyard.data import swe as swe_data
   from dockyard.envs.swe import SweEnv
-  from dockyard.sandbox.client import SandboxClient
+  if "agent" in config:   # multi-turn episodes in sessions: the agent's prompt and scoring
+    from dockyard.agent.envs import SweAgentEnv as env_class
+  else:
+    env_class = SweEnv
 
   def load(path):
     return [t.to_dict() for t in swe_data.load_tasks(path)] if path and os.path.exists(path) else []
@@ -69,17 +93,11 @@ def build_env(config, tokenizer, stack: contextlib.ExitStack) -> tuple[Any, list
   from dockyard.data import repos as repo_lib
   # The sdists are fetched (hash-checked) and the task repos rebuilt once per machine.
   repo_lib.ensure_repos(config.data.manifest, train + val + test, repos_dir, progress=True)
-  urls = list(config.env.code.sandbox_urls)
-  if not urls:
-    from dockyard.sandbox.fleet import start_local_fleet
-    with console.phase("starting the local sandbox fleet"):
-      urls, handle = start_local_fleet(config)
-    stack.callback(handle.shutdown)
-  client = SandboxClient.from_config(config, urls=urls)
+  client = sandbox_client(config, stack)
   count = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])
-  env = SweEnv(client, count, prompt_token_budget=config.env.code.prompt_token_budget,
-               issue_token_budget=config.env.code.get("issue_token_budget", 0),
-               reward=config.env.code.reward, repos_dir=repos_dir)
+  env = env_class(client, count, prompt_token_budget=config.env.code.prompt_token_budget,
+                  issue_token_budget=config.env.code.get("issue_token_budget", 0),
+                  reward=config.env.code.reward, repos_dir=repos_dir)
   return env, train, val, test
 
 

@@ -204,8 +204,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise ConfigError("rollout.max_new_tokens", f"must be < rollout.max_model_len ({rollout.max_model_len})")
   if config.refit.transport not in ("auto", "inprocess", "object_store", "shared_memory", "nccl"):
     raise ConfigError("refit.transport", f"unknown transport {config.refit.transport!r}")
-  if config.env.name not in ("swe", "math"):
-    raise ConfigError("env.name", f"must be 'swe' or 'math', got {config.env.name!r}")
+  if config.env.name not in ("swe", "math", "terminal"):
+    raise ConfigError("env.name", f"must be 'swe', 'math' or 'terminal', got {config.env.name!r}")
+  if config.env.name == "terminal":
+    _validate_terminal(config)
   if config.env.name == "math":
     from dockyard.envs import math as math_env   # NumPy only: no model, no engine
     try:
@@ -230,3 +232,29 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise ConfigError("checkpoint.metric_mode", f"must be 'max' or 'min', got {config.checkpoint.metric_mode!r}")
   if config.checkpoint.keep_top_k < 1:
     raise ConfigError("checkpoint.keep_top_k", f"must be >= 1, got {config.checkpoint.keep_top_k}")
+
+
+def _validate_terminal(config) -> None:
+  """env.terminal: the generated task set and its split by family."""
+  if "agent" not in config:
+    raise ConfigError("agent", "env.name='terminal' is played in sandbox sessions: the config needs "
+                      "an agent section (see configs/terminal.py)")
+  if "terminal" not in config.env:
+    raise ConfigError("env.terminal", "missing (seed, tasks_per_family, train_families, heldout_families)")
+  from dockyard.data import terminal as terminal_data
+  t = config.env.terminal
+  unknown = sorted(set(t) - {"seed", "tasks_per_family", "train_families", "heldout_families"})
+  if unknown:
+    raise ConfigError("env.terminal", f"unknown keys {unknown}")
+  if t.tasks_per_family < 1:
+    raise ConfigError("env.terminal.tasks_per_family", f"must be >= 1, got {t.tasks_per_family}")
+  for key in ("train_families", "heldout_families"):
+    families = tuple(t[key])
+    bad = sorted(set(families) - set(terminal_data.FAMILIES))
+    if not families or bad:
+      raise ConfigError(f"env.terminal.{key}", f"must name families of {list(terminal_data.FAMILIES)}, "
+                        f"got {list(families)}")
+  both = sorted(set(t.train_families) & set(t.heldout_families))
+  if both:
+    raise ConfigError("env.terminal.heldout_families", f"{both} are also train families: the split "
+                      "is by family")

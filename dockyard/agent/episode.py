@@ -28,7 +28,8 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 import numpy as np
 
-from dockyard.agent.tools import CALL_END, SESSION_TOOLS, InvalidCall, Tool, ToolCall, find_tool, parse_call
+from dockyard.agent.tools import (CALL_END, SESSION_TOOLS, InvalidCall, Tool, ToolCall,
+                                  completion_calls, find_tool, parse_call)
 from dockyard.agent.trajectory import (ChatRenderer, TemplateNotPrefixStable, Trajectory,
                                        TrajectoryBuilder)
 from dockyard.envs.base import Reward
@@ -131,6 +132,30 @@ class SessionExecutor(ToolExecutor):
 
   async def close(self) -> None:
     await self.session.close()
+
+
+async def play_completion(executor: ToolExecutor, completion: str,
+                          timeout_s: float = 600.0) -> Reward:
+  """A single-shot completion in an agent's environment (validation of agent configs): its tool
+  calls run in order on `executor` (up to a submit; invalid ones are skipped and counted), then
+  `finish` grades what they left; the executor is closed. No call at all: malformed, reward 0."""
+  try:
+    calls = completion_calls(completion, executor.tools)
+    if not calls:
+      return Reward(0.0, {"reason": "no tool call in the completion"}, malformed=True)
+    invalid = 0
+    for call in calls:
+      if isinstance(call, InvalidCall):
+        invalid += 1
+        continue
+      if find_tool(executor.tools, call.name).ends_episode:
+        break
+      await executor.call(call, timeout_s)
+    reward = await executor.finish()
+    reward.info["invalid_calls"] = invalid
+    return reward
+  finally:
+    await executor.close()
 
 
 def _format_exec(run: Mapping[str, Any], timeout_s: float) -> str:

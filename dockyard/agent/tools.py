@@ -132,3 +132,24 @@ def parse_call(text: str, tools: Sequence[Tool]) -> ToolCall | InvalidCall | Non
     return InvalidCall(f"error: bad arguments for {tool.name!r}: "
                        + "; ".join(f"{where(e)}: {e.message}" for e in problems[:5]))
   return ToolCall(tool.name, arguments)
+
+
+def format_call(call: ToolCall) -> str:
+  """A call as the model writes it: the text `parse_call` reads back as `call` (oracle trajectories
+  for an SFT warm start, scripted agents in tests)."""
+  return f"{CALL_START}\n{json.dumps({'name': call.name, 'arguments': dict(call.arguments)})}\n{CALL_END}"
+
+
+def completion_calls(text: str, tools: Sequence[Tool]) -> list[ToolCall | InvalidCall]:
+  """Every tool call of a text, in order, each as `parse_call` reads it (an unclosed last one is
+  an InvalidCall): a single-shot completion that plans several calls."""
+  calls = []
+  while True:
+    call = parse_call(text, tools)
+    if call is None:
+      return calls
+    calls.append(call)
+    end = text.find(CALL_END, text.find(CALL_START))
+    if end < 0:
+      return calls
+    text = text[end + len(CALL_END):]

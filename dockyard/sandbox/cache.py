@@ -114,3 +114,38 @@ class RepoCache:
     _git("add", "-A", "-f", cwd=tree)
     _git("commit", "-q", "--no-verify", "--allow-empty", "-m", f"base {sha}", cwd=tree)
     subprocess.run(["chmod", "-R", "a+rwX", tree], check=True)
+
+
+def spec_tree(cache_dir: str, files, owner: int) -> str:
+  """The read-only starting tree of a terminal task (`files`: (relative path, text) pairs, already
+  validated by `task.parse_terminal_task`), built once per distinct spec under
+  `<cache_dir>/specs/<sha256>/tree`. Its files are owned by `owner` (the sandbox uid), modes 0644
+  and dirs 0755: the agent's copy-up keeps the owner, so it may chmod them (a task can ask for
+  that); the tree itself is only ever an overlay's lower layer, under the 0700 cache root."""
+  import hashlib
+  import json
+  key = hashlib.sha256(json.dumps(list(files), ensure_ascii=False).encode("utf-8", "surrogatepass"))
+  final = os.path.join(cache_dir, "specs", key.hexdigest())
+  tree = os.path.join(final, "tree")
+  if os.path.exists(os.path.join(final, "ready")):
+    return tree
+  os.makedirs(os.path.dirname(final), mode=0o700, exist_ok=True)
+  scratch = tempfile.mkdtemp(dir=os.path.dirname(final), prefix=".build-")
+  try:
+    os.makedirs(os.path.join(scratch, "tree"))
+    for path, text in files:
+      dest = os.path.join(scratch, "tree", path)
+      os.makedirs(os.path.dirname(dest), exist_ok=True)
+      with open(dest, "w", encoding="utf-8", errors="surrogatepass", newline="") as f:
+        f.write(text)
+    subprocess.run(["chmod", "-R", "u=rwX,go=rX", os.path.join(scratch, "tree")], check=True)
+    subprocess.run(["chown", "-R", f"{owner}:{owner}", os.path.join(scratch, "tree")], check=True)
+    open(os.path.join(scratch, "ready"), "w").close()
+    try:
+      os.rename(scratch, final)
+    except OSError:   # another executor built the same spec meanwhile
+      shutil.rmtree(scratch, ignore_errors=True)
+  except BaseException:
+    shutil.rmtree(scratch, ignore_errors=True)
+    raise
+  return tree

@@ -242,7 +242,8 @@ class AgentSession:
 
   async def submit(self) -> dict:
     """Grades the working tree's diff in a fresh checkout and returns the verdict (the shape of
-    `SandboxClient.run`). The session ends. Once the executor has the diff, the verdict is not
+    `SandboxClient.run`; for a terminal task, its checker's verdict, answered at once). The
+    session ends. Once the executor has the diff, the verdict is not
     lost: if that executor goes away while grading, the same diff is graded on another one."""
     try:
       record = await self._call("POST", "/submit", json={"wait": 0})

@@ -11,7 +11,11 @@
   POST   /session/{id}/submit        {"wait"?: S} -> {"session", "patch", "id", "status", "verdict"}
   DELETE /session/{id}               {"id", "deleted": true}
 
-Submit computes the diff in the session, queues it as an ordinary task (the same queue, slots and
+A terminal task (`"kind": "terminal"`: a starting directory from a spec, a checker) has no diff:
+submit runs its checker in the session as the agent left it and answers the verdict at once
+({"session", "patch": null, "id": null, "status": "done", "verdict"}); then the session ends.
+
+Submit (of a SWE task) computes the diff in the session, queues it as an ordinary task (the same queue, slots and
 stored records as POST /task/submit, so the verdict is graded in a fresh checkout and kept like
 any other: GET /task/{id}), then ends the session. Errors are {"error": message} with 4xx: 400
 for a body that is not JSON, 404 for an unknown session or tool, 410 for an ended one (with the
@@ -96,6 +100,14 @@ def add_session_routes(app: fastapi.FastAPI, manager: SessionManager, state) -> 
   async def submit(sid: str, request: fastapi.Request):
     wait = _wait_s(await _body(request, empty_ok=True))
     session = manager.get(sid)
+    if session.terminal is not None:   # checked in place, after the agent's last command
+      verdict = await manager.check(sid)
+      try:
+        await manager.close(sid, f"submitted; checked: reward {verdict['reward']:g}")
+      except SessionError:
+        pass
+      manager.counters["sessions_submitted_total"] += 1
+      return {"session": sid, "patch": None, "id": None, "status": "done", "verdict": verdict}
     patch = await manager.diff(sid)
     ids = state.enqueue([dict(session.task, patch=patch)])
     if ids is None:   # the session stays: the client retries the submit

@@ -10,6 +10,9 @@ A session is one `isolation.View` held open: the cached (repo, base_commit) tree
 layer of an overlay whose upper layer lives on the session's size-limited tmpfs, in the holder's
 private mount namespace. The held-out tests (the test_patch) and the history past base are not in
 it: the tree is the cache's single-commit export, and the task's test fields stay on the host.
+A terminal task (`task.TerminalTask`) gets the same view over a tree built from its file spec
+(`cache.spec_tree`), its setup script run there first; instead of a diff it has `check`: its
+checker, run after the episode in a fresh sandbox over the directory the agent left.
 
 Each command is a FRESH bubblewrap run over that view (the same argv, limits and namespaces as a
 grading run; no network), not a persistent sandbox with commands entered into it. Chosen because
@@ -47,7 +50,8 @@ from typing import Any
 
 from dockyard.sandbox import isolation
 from dockyard.sandbox.isolation import WORKDIR, Output, View, pipe_with
-from dockyard.sandbox.task import TaskError, parse_task
+from dockyard.sandbox.cache import spec_tree
+from dockyard.sandbox.task import TaskError, TerminalTask, is_terminal, parse_task, parse_terminal_task
 
 TOOLS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_session")
 TOOLS_MOUNT = "/dockyard/tools"
@@ -107,6 +111,7 @@ class _Session:
   lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
   dead: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
   commands: int = 0
+  terminal: TerminalTask | None = None   # a terminal task: checked (`check`), not diffed
 
 
 @dataclasses.dataclass
@@ -138,9 +143,15 @@ class SessionManager:
     task = body.get("task", body) if isinstance(body, dict) else body
     if not isinstance(task, dict):
       raise SessionError(422, "body: expected a task record (or {'task': record})")
-    task = {**task, "patch": task.get("patch", "")}
+    terminal = None
     try:
-      parsed = parse_task(task)
+      if is_terminal(task):
+        terminal = parse_terminal_task(task)
+        instance_id = terminal.instance_id
+      else:
+        task = {**task, "patch": task.get("patch", "")}
+        parsed = parse_task(task)
+        instance_id = parsed.instance_id
     except TaskError as e:
       raise SessionError(422, str(e)) from None
     if len(self.sessions) + self._pending >= self.limits.max_sessions:
@@ -149,20 +160,37 @@ class SessionManager:
                               "end one or retry later")
     self._pending += 1
     try:
-      try:
-        lower = await self.executor.cache.tree(parsed.repo, parsed.base_commit)
-      except Exception as e:   # RepoError: the task names what this executor does not hold
-        raise SessionError(422, f"repo: {e}") from None
-      view = View(lower, self.executor.limits,
-                  binds=[(TOOLS_DIR, TOOLS_MOUNT), (os.path.join(lower, ".git"), BASE_GIT_MOUNT)])
+      if terminal is not None:   # the starting directory: files from the spec, then its setup
+        lower = await asyncio.to_thread(spec_tree, self.executor.cache.cache_dir, terminal.files,
+                                        isolation.SANDBOX_UID)
+        binds = [(TOOLS_DIR, TOOLS_MOUNT)]
+      else:
+        try:
+          lower = await self.executor.cache.tree(parsed.repo, parsed.base_commit)
+        except Exception as e:   # RepoError: the task names what this executor does not hold
+          raise SessionError(422, f"repo: {e}") from None
+        binds = [(TOOLS_DIR, TOOLS_MOUNT), (os.path.join(lower, ".git"), BASE_GIT_MOUNT)]
+      view = View(lower, self.executor.limits, binds=binds)
       await view.__aenter__()
+      if terminal is not None and terminal.setup.strip():
+        try:
+          setup = await _exec(view, ["bash", "-c", terminal.setup], {},
+                              self.executor.limits.timeout_s, b"", asyncio.Event(),
+                              self.limits.max_output_bytes)
+        except BaseException:
+          await view.close()
+          raise
+        if setup.exit_code != 0:
+          await view.close()
+          raise SessionError(422, f"setup: failed (exit {setup.exit_code}, timed out "
+                                  f"{setup.timed_out}): {setup.stderr.text()[-500:]}")
     finally:
       self._pending -= 1
     sid = f"{self.boot}-{secrets.token_hex(12)}"
     now = time.monotonic()
-    self.sessions[sid] = _Session(sid, task, parsed.instance_id, view, now, now)
+    self.sessions[sid] = _Session(sid, task, instance_id, view, now, now, terminal=terminal)
     self.counters["sessions_created_total"] += 1
-    return {"id": sid, "instance_id": parsed.instance_id, "workdir": WORKDIR,
+    return {"id": sid, "instance_id": instance_id, "workdir": WORKDIR,
             "idle_s": self.limits.idle_s, "lifetime_s": self.limits.lifetime_s,
             "max_timeout_s": self.executor.limits.timeout_s}
 
@@ -273,6 +301,9 @@ class SessionManager:
   async def diff(self, sid: str) -> str:
     """The working tree's diff against the base commit (new files included, .gitignore kept)."""
     s = self.get(sid)
+    if s.terminal is not None:
+      raise SessionError(422, "diff: a terminal task has no base to diff against; submit runs its "
+                              "checker")
     limit = self.limits.max_patch_bytes
     run = await self._run(s, ["sh", "-c", _DIFF], self.executor.limits.timeout_s, env=_GIT_ENV,
                           output_bytes=2 * limit + 2)
@@ -283,6 +314,21 @@ class SessionManager:
       raise SessionError(413, f"diff: {run.stdout.total_bytes} bytes, more than the {limit} a "
                               "submission may carry")
     return (run.stdout.head + run.stdout.tail).decode("utf-8", "replace")
+
+  async def check(self, sid: str) -> dict:
+    """A terminal task's verdict: its checker (from the host-side record, never in the agent's
+    tree) runs in a fresh sandbox over the directory as the agent left it; none of the agent's
+    processes is alive by then (each died with its command). Exit status 0 passes: reward 1."""
+    s = self.get(sid)
+    if s.terminal is None:
+      raise SessionError(422, "check: only a terminal task has a checker; submit grades the diff")
+    run = await self._run(s, ["bash", "-c", s.terminal.check], self.executor.limits.timeout_s)
+    self.counters["session_checks_total"] += 1
+    passed = run.exit_code == 0
+    return {"instance_id": s.instance_id, "kind": "terminal", "passed": passed,
+            "reward": 1.0 if passed else 0.0, "exit_code": run.exit_code,
+            "timed_out": run.timed_out, "stdout": run.stdout.text()[-2000:],
+            "stderr": run.stderr.text()[-2000:]}
 
   def info(self, sid: str) -> dict:
     s = self.get(sid)

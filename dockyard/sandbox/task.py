@@ -91,3 +91,55 @@ def parse_task(task: Any) -> Task:
       instance_id=task["instance_id"], repo=task["repo"], base_commit=task["base_commit"],
       patch=task["patch"], test_patch=task["test_patch"], fail_to_pass=f2p, pass_to_pass=p2p,
       version=None if version is None else str(version))
+
+
+# --- terminal tasks: a starting directory built from a spec, and a checker run after the episode ---
+
+TERMINAL_KIND = "terminal"
+MAX_TERMINAL_FILES = 1000
+MAX_TERMINAL_BYTES = 4 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class TerminalTask:
+  """A shell task for an agent session (`"kind": "terminal"`): `files` {relative path: text} make
+  the starting directory, `setup` (bash, may be empty) runs in the sandbox before the agent's first
+  command, `check` (bash) runs after the episode; its exit status 0 is a pass. The checker is part
+  of the host-side record only: it is never written where the agent can see or change it."""
+  instance_id: str
+  files: tuple[tuple[str, str], ...]
+  setup: str
+  check: str
+
+
+def is_terminal(task: Any) -> bool:
+  return isinstance(task, Mapping) and task.get("kind") == TERMINAL_KIND
+
+
+def parse_terminal_task(task: Any) -> TerminalTask:
+  """Validates a terminal task record; raises TaskError naming the field that is wrong."""
+  if not is_terminal(task):
+    raise TaskError(f"kind: expected {TERMINAL_KIND!r}")
+  if not isinstance(task.get("instance_id"), str) or not task["instance_id"]:
+    raise TaskError("instance_id: missing or not a non-empty string")
+  files = task.get("files", {})
+  if not isinstance(files, Mapping) or not all(isinstance(k, str) and isinstance(v, str)
+                                               for k, v in files.items()):
+    raise TaskError("files: expected an object {relative path: text}")
+  if len(files) > MAX_TERMINAL_FILES:
+    raise TaskError(f"files: {len(files)} files, more than {MAX_TERMINAL_FILES}")
+  if sum(len(v.encode("utf-8", "surrogatepass")) for v in files.values()) > MAX_TERMINAL_BYTES:
+    raise TaskError(f"files: more than {MAX_TERMINAL_BYTES} bytes in all")
+  for path in files:
+    parts = path.split("/")
+    if (not path or path.startswith("/") or "\0" in path or
+        any(p in ("", ".", "..") for p in parts) or parts[0] == ".git"):
+      raise TaskError(f"files: {path[:80]!r} is not a relative path inside the directory "
+                      "(no '..', '.', empty parts, leading '/' or top-level .git)")
+  for key, required in (("setup", False), ("check", True)):
+    value = task.get(key, "")
+    if not isinstance(value, str) or "\0" in value or (required and not value.strip()):
+      raise TaskError(f"{key}: expected a{' non-empty' if required else ''} bash script (a string "
+                      "without NUL bytes)")
+  return TerminalTask(instance_id=task["instance_id"], files=tuple(sorted(files.items())),
+                      setup=task.get("setup", ""), check=task["check"])

@@ -2,7 +2,8 @@
 for the agent."""
 import pytest
 
-from dockyard.agent.tools import SESSION_TOOLS, InvalidCall, Tool, ToolCall, parse_call
+from dockyard.agent.tools import (SESSION_TOOLS, InvalidCall, Tool, ToolCall, completion_calls, format_call,
+                                  parse_call)
 
 
 def call(body: str) -> str:
@@ -48,3 +49,15 @@ def test_specs_are_openai_function_specs_and_bad_tools_are_refused():
     Tool("no spaces", "d", {"type": "object"})
   with pytest.raises(Exception, match="is not valid under any of the given schemas"):
     Tool("t", "d", {"type": "object", "properties": {"a": {"type": "nonsense"}}})
+
+
+def test_format_call_is_what_parse_call_reads_and_a_completion_yields_its_calls_in_order():
+  ls, sub = ToolCall("bash", {"command": "ls -a 'x y'"}), ToolCall("submit", {})
+  assert parse_call(format_call(ls), SESSION_TOOLS) == ls
+  text = (f"stray </tool_call> then {format_call(ls)} and <tool_call>{{nope}}</tool_call>"
+          f"{format_call(sub)} and <tool_call>{{\"name\": \"bash\"")
+  calls = completion_calls(text, SESSION_TOOLS)
+  assert calls[0] == ls and calls[2] == sub and len(calls) == 4
+  assert isinstance(calls[1], InvalidCall) and "not valid JSON" in calls[1].message
+  assert isinstance(calls[3], InvalidCall) and "not closed" in calls[3].message
+  assert completion_calls("no calls here", SESSION_TOOLS) == []

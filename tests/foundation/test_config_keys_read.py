@@ -20,11 +20,14 @@ import pytest
 
 from configs import math as math_config
 from configs import swe as swe_config
+from configs import swe_agent as swe_agent_config
+from configs import terminal as terminal_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PRODUCT = ("dockyard", "launch")
 SHIPPED = [(swe_config, a) for a in ("tiny", "full", "torch", "sync", "full,torch")] + [
-    (math_config, a) for a in ("tiny", "full", "smollm")]
+    (math_config, a) for a in ("tiny", "full", "smollm")] + [
+    (m, a) for m in (swe_agent_config, terminal_config) for a in ("tiny", "full", "torch")]
 
 
 def leaves(node, prefix=()):

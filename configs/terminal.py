@@ -1,0 +1,65 @@
+r"""Terminal agent GRPO: Terminal-Bench-style shell tasks (an instruction, a starting directory, a
+checker run after the episode) played in sandbox sessions; the checker's verdict is the reward.
+
+The tasks are generated (`dockyard.data.terminal`, deterministic in `env.terminal.seed`): 24 per
+family by default, five families (files, text, scripts, git, archives); train on some families,
+validate and test on the others (`train_families` / `heldout_families`), so the held-out success
+rate measures transfer to kinds of tasks never trained on. Every task's oracle passes its checker
+and doing nothing fails it (tests/sandbox/test_terminal_tasks.py). On this machine:
+
+  python -m dockyard.launch --config=configs/terminal.py:tiny --workdir=workdirs/terminal
+
+Variants as in configs/swe.py (`tiny` | `full`, `torch`, `sync`). No SFT warm start by default;
+the oracle as the model's turns is `dockyard.agent.envs.oracle_turns(task)`.
+"""
+from configs import swe
+from dockyard import config_lib
+
+
+def get_config(arg=None):
+  arg = config_lib.parse_arg(arg, tiny=False, full=False, torch=False, sync=False, runlocal=False)
+  c = swe.get_config(",".join(k for k in ("tiny", "full", "torch", "sync", "runlocal") if arg[k]))
+  full = c.run.variant == "full"
+
+  c.run.name = "terminal_full" if full else "terminal_tiny"
+  c.env.name = "terminal"
+  # The tasks, made at start; the SWE task files (data.*) are not read by this env.
+  c.env.terminal = dict(
+      seed=0,
+      tasks_per_family=24,
+      train_families=("files", "text", "scripts"),
+      heldout_families=("git", "archives"),
+  )
+  c.env.code.max_in_flight = 64 if full else 16   # live sessions at once
+  c.grpo.sft_warmup.steps = 0
+  c.grpo.max_val_samples = 48 if full else 16     # of the 48 held-out tasks
+  c.checkpoint.metric = "val/success_rate"
+  # tiny: the tools block alone is ~1,300 tokens of the tiny tokenizer (a prompt ~1,480), so 4096
+  # (the tiny model's max_position_embeddings) leaves an episode ~2,600 for turns and results.
+  c.policy.max_seq_len = 8192 if full else 4096
+  c.rollout.max_model_len = 8192 if full else 4096
+  c.rollout.max_new_tokens = 512 if full else 128   # per turn: one command
+  # Sessions: short commands on tiny directories.
+  c.sandbox.timeout_s = 30.0 if full else 15.0
+  c.sandbox.disk_mb = 256
+  c.agent = dict(
+      max_turns=16 if full else 6,
+      max_context_tokens=c.rollout.max_model_len,
+      command_timeout_s=15.0 if full else 10.0,
+      episode_timeout_s=600.0 if full else 120.0,
+      max_tool_output_chars=4000 if full else 1000,
+      warn_turns_left=2 if full else 0,
+      invalid_action_penalty=0.05,
+      truncation="mask",
+      truncation_penalty=0.0,
+  )
+  return c
+
+
+def get_hyper(h, arg=None):
+  """The sweep: learning rate (half and double the variant's) x group size."""
+  lr = get_config(arg).optim.lr
+  return h.product([
+      h.sweep("config.optim.lr", [lr / 2, lr * 2]),
+      h.sweep("config.grpo.num_generations_per_prompt", [4, 8]),
+  ])

@@ -1,0 +1,97 @@
+"""Environments for multi-turn agents (a config with an `agent` section): their prompts ask for
+tool calls, `open_session(task)` is where an episode acts, and `score` (single-shot validation)
+runs one completion's tool calls in a fresh session (`play_completion`) and grades what they left.
+They live here, not in dockyard.envs, because they build on the agent's tools and episodes.
+
+`SweAgentEnv`: the SWE tasks; the prompt is the issue alone (the agent reads the code in its
+session), and submit grades the diff by the held-out tests in a fresh checkout (reward: the
+verdict's, resolved and zeroed by an integrity finding).
+
+`TerminalEnv`: Terminal-Bench-style shell tasks (`dockyard.data.terminal`) played in sandbox
+sessions; the task's checker, run after the episode, is the reward.
+
+An agent episode (`configs/terminal.py`, the config's `agent` section) opens a session on the
+task (`open_session`): the executor builds the starting directory from the task's files, runs its
+setup, and serves the session's tools in /testbed; `submit` (or the episode's end) runs the
+checker in a fresh sandbox over the directory the agent left, from the host-side task record, so
+the agent can neither read nor replace it, and whatever it wrote outside /testbed is gone (each
+command's /tmp and $HOME are its own). Reward: 1 when the checker exits 0, else 0.
+
+`oracle_calls` is a terminal task's reference solution as the agent's tool calls (bash commands, then submit); `oracle_turns`
+renders them as the model's turns, and `gold_completion` as one completion, for an SFT warm start.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from dockyard.agent.episode import SessionExecutor, play_completion
+from dockyard.agent.tools import ToolCall, format_call
+from dockyard.envs.base import Environment, Reward
+from dockyard.envs.swe import SweEnv, shorten_issue
+
+SWE_SYSTEM_PROMPT = (
+    "You fix bugs in a Python repository checked out at /testbed. Explore it and run its tests "
+    "with the tools (one call per turn; every command starts in /testbed), edit the code to fix "
+    "the issue, then call submit: your changes are graded by held-out tests.")
+
+TERMINAL_SYSTEM_PROMPT = (
+    "You are an agent working in a Linux shell sandbox. Your working directory is /testbed: every "
+    "command starts there (cd does not carry over; chain steps with &&) and only what is under "
+    "/testbed counts. Do the task with the tools, one call per turn, then call submit.")
+
+
+class SweAgentEnv(SweEnv):
+  """The SWE env for an agent: prompts with the issue alone (cut to `issue_token_budget` tokens
+  when > 0); `score` plays a completion's calls in a session, then its submit grades the diff."""
+
+  def prompt_messages(self, task: Mapping[str, Any]) -> list[dict[str, str]]:
+    issue = shorten_issue(task["problem_statement"], self.count_tokens, self.issue_budget)
+    user = (f"Repository: {task['repo']} (at /testbed)\n\nIssue:\n{issue}\n\nFix the issue, then "
+            "call submit.")
+    return [{"role": "system", "content": SWE_SYSTEM_PROMPT}, {"role": "user", "content": user}]
+
+  async def score(self, task: Mapping[str, Any], completion: str) -> Reward:
+    reward = await play_completion(SessionExecutor(await self.open_session(task)), completion)
+    verdict = reward.info.get("verdict") or {}
+    reward.info.update(resolved=bool(verdict.get("resolved")), pass_rate=verdict.get("pass_rate", 0.0),
+                       findings=verdict.get("findings") or [])
+    return reward
+
+
+def oracle_calls(task: Mapping[str, Any]) -> list[ToolCall]:
+  """The task's reference solution as tool calls: each oracle command a `bash` call, then submit."""
+  return [ToolCall("bash", {"command": c}) for c in task["oracle"]] + [ToolCall("submit", {})]
+
+
+def oracle_turns(task: Mapping[str, Any]) -> list[str]:
+  """The model's turns of an oracle episode (what an SFT warm start on oracle trajectories trains on)."""
+  return [format_call(c) for c in oracle_calls(task)]
+
+
+class TerminalEnv(Environment):
+  """Terminal tasks in sessions of one `SandboxClient`."""
+
+  def __init__(self, client):
+    self.client = client
+
+  def prompt_messages(self, task: Mapping[str, Any]) -> list[dict[str, str]]:
+    return [{"role": "system", "content": TERMINAL_SYSTEM_PROMPT},
+            {"role": "user", "content": task["instruction"]}]
+
+  async def open_session(self, task: Mapping[str, Any]):
+    """A live session in the task's starting directory; its submit runs the checker."""
+    return await self.client.open_session(dict(task))
+
+  def gold_completion(self, task: Mapping[str, Any]) -> str:
+    return "\n".join(oracle_turns(task))
+
+  async def score(self, task: Mapping[str, Any], completion: str) -> Reward:
+    return await play_completion(SessionExecutor(await self.open_session(task)), completion)
+
+  def validation_metrics(self, rewards: Sequence[Reward]) -> dict[str, float]:
+    n = max(len(rewards), 1)
+    return {"success_rate": sum(self.is_success(r) for r in rewards) / n,
+            "malformed_fraction": sum(r.malformed for r in rewards) / n}
+
+  async def close(self) -> None:
+    await self.client.aclose()

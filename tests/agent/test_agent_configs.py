@@ -1,0 +1,58 @@
+"""configs/terminal.py and configs/swe_agent.py validate and build their parts: the agent section,
+the terminal task set split by family, the agent envs' prompts; bad terminal sections are named."""
+import pytest
+
+from configs import swe_agent, terminal as terminal_config
+from dockyard import plan, validate
+from dockyard.agent.envs import SweAgentEnv, TerminalEnv
+from dockyard.agent.episode import AgentConfig
+from dockyard.data import terminal
+
+
+@pytest.mark.parametrize("module", [swe_agent, terminal_config])
+@pytest.mark.parametrize("arg", ["tiny", "full", "full,torch"])
+def test_agent_configs_validate_and_plan(module, arg):
+  c = module.get_config(arg)
+  validate.validate(c)
+  agent = AgentConfig.from_config(c.agent)
+  assert agent.max_context_tokens <= c.rollout.max_model_len <= c.policy.max_seq_len
+  assert "sandbox" in plan.make_plan(c).render()
+
+
+def test_the_terminal_config_builds_its_split_task_set():
+  t = terminal_config.get_config("tiny").env.terminal
+  tasks = terminal.make_tasks(t.seed, t.tasks_per_family, tuple(t.train_families) + tuple(t.heldout_families))
+  train, held = terminal.split(tasks, t.train_families, t.heldout_families)
+  assert len(tasks) >= 100 and len(train) == 72 and len(held) == 48
+  env = TerminalEnv(client=None)
+  messages = env.prompt_messages(held[0])
+  assert messages[-1]["content"] == held[0]["instruction"] and "/testbed" in messages[0]["content"]
+  assert held[0]["check"] not in str(messages)
+
+
+@pytest.mark.parametrize("override,key", [
+    (dict(train_families=("files", "git"), heldout_families=("git",)), "env.terminal.heldout_families"),
+    (dict(train_families=("files", "nope")), "env.terminal.train_families"),
+    (dict(tasks_per_family=0), "env.terminal.tasks_per_family"),
+    (dict(extra=1), "env.terminal"),
+])
+def test_bad_terminal_sections_are_named(override, key):
+  c = terminal_config.get_config("tiny")
+  c.env.terminal.update(override)
+  with pytest.raises(validate.ConfigError, match=key.replace(".", r"\.")):
+    validate.validate(c)
+
+
+def test_a_terminal_config_needs_an_agent_section():
+  c = terminal_config.get_config("tiny")
+  del c["agent"]
+  with pytest.raises(validate.ConfigError, match="agent"):
+    validate.validate(c)
+
+
+def test_the_swe_agent_prompt_is_the_issue_without_code():
+  env = SweAgentEnv(None, lambda s: len(s.split()), issue_token_budget=5)
+  task = {"repo": "o/calc", "problem_statement": "add is wrong\n" + "very\n" * 50, "patch": ""}
+  system, user = env.prompt_messages(task)
+  assert "submit" in system["content"] and "/testbed" in user["content"]
+  assert "add is wrong" in user["content"] and user["content"].count("very") < 10
