@@ -88,10 +88,10 @@ def make_plan(config: ml_collections.ConfigDict) -> RunPlan:
   if config.env.name == "swe":
     data = {"train": config.data.train, "validation": config.data.validation, "test": config.data.test}
   elif config.env.name == "terminal":   # tasks generated at start (dockyard.data.terminal)
-    t = config.env.terminal
-    data = {"train": f"{t.tasks_per_family} generated per family of {', '.join(t.train_families)} "
-                     f"(seed {t.seed})",
-            "validation": f"held-out families {', '.join(t.heldout_families)}"}
+    terminal = config.env.terminal
+    data = {"train": f"{terminal.tasks_per_family} generated per family of "
+                     f"{', '.join(terminal.train_families)} (seed {terminal.seed})",
+            "validation": f"held-out families {', '.join(terminal.heldout_families)}"}
   else:  # math: questions generated in process (dockyard.envs.math); the data.* paths are unused
     math_cfg = config.env.math
     data = {"train": f"{math_cfg.num_train} generated ({' '.join(math_cfg.ops)}, operands "

@@ -221,8 +221,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise ConfigError("eval.pass_k", f"must be >= 0 (0: greedy pass@1 only), got {eval_cfg.pass_k}")
   if eval_cfg.pass_k > 0:
     if eval_cfg.num_samples < eval_cfg.pass_k:
-      raise ConfigError("eval.num_samples", f"pass@{eval_cfg.pass_k} needs at least {eval_cfg.pass_k} samples "
-                        f"per task, got {eval_cfg.num_samples}")
+      raise ConfigError("eval.num_samples", f"pass@{eval_cfg.pass_k} needs at least {eval_cfg.pass_k} "
+                        f"samples per task, got {eval_cfg.num_samples}")
     if eval_cfg.temperature <= 0:
       raise ConfigError("eval.temperature", f"pass@k samples need a temperature > 0 (greedy samples "
                         f"are all the same), got {eval_cfg.temperature}")
@@ -242,19 +242,19 @@ def _validate_terminal(config) -> None:
   if "terminal" not in config.env:
     raise ConfigError("env.terminal", "missing (seed, tasks_per_family, train_families, heldout_families)")
   from dockyard.data import terminal as terminal_data
-  t = config.env.terminal
-  unknown = sorted(set(t) - {"seed", "tasks_per_family", "train_families", "heldout_families"})
+  terminal = config.env.terminal
+  unknown = sorted(set(terminal) - {"seed", "tasks_per_family", "train_families", "heldout_families"})
   if unknown:
     raise ConfigError("env.terminal", f"unknown keys {unknown}")
-  if t.tasks_per_family < 1:
-    raise ConfigError("env.terminal.tasks_per_family", f"must be >= 1, got {t.tasks_per_family}")
+  if terminal.tasks_per_family < 1:
+    raise ConfigError("env.terminal.tasks_per_family", f"must be >= 1, got {terminal.tasks_per_family}")
   for key in ("train_families", "heldout_families"):
-    families = tuple(t[key])
+    families = tuple(terminal[key])
     bad = sorted(set(families) - set(terminal_data.FAMILIES))
     if not families or bad:
       raise ConfigError(f"env.terminal.{key}", f"must name families of {list(terminal_data.FAMILIES)}, "
                         f"got {list(families)}")
-  both = sorted(set(t.train_families) & set(t.heldout_families))
+  both = sorted(set(terminal.train_families) & set(terminal.heldout_families))
   if both:
     raise ConfigError("env.terminal.heldout_families", f"{both} are also train families: the split "
                       "is by family")
