@@ -158,27 +158,27 @@ def dockyard_config(s: dict):
 def trl_args(s: dict, config, output_dir: str):
   """The `GRPOConfig` that mirrors `config` (see the module docstring, field by field)."""
   from trl import GRPOConfig
-  g, lf, o, r = config.grpo, config.loss_fn, config.optim, config.rollout
-  batch = g.num_prompts_per_step * g.num_generations_per_prompt
-  if batch % o.micro_batch_size:
+  grpo, lf, optim, rollout = config.grpo, config.loss_fn, config.optim, config.rollout
+  batch = grpo.num_prompts_per_step * grpo.num_generations_per_prompt
+  if batch % optim.micro_batch_size:
     raise ValueError(f"prompts x generations ({batch}) must be a multiple of the micro-batch "
-                     f"({o.micro_batch_size}) so both sides take one optimizer step per batch")
+                     f"({optim.micro_batch_size}) so both sides take one optimizer step per batch")
   return GRPOConfig(
       output_dir=output_dir, seed=int(config.run.seed), data_seed=int(config.run.seed),
       use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False, disable_dropout=True,
       model_init_kwargs={"dtype": "float32"},
-      per_device_train_batch_size=int(o.micro_batch_size),
-      gradient_accumulation_steps=batch // int(o.micro_batch_size),
-      num_generations=int(g.num_generations_per_prompt), max_steps=int(g.max_num_steps),
-      learning_rate=float(o.lr), lr_scheduler_type="constant", warmup_steps=0,
-      adam_beta1=float(o.b1), adam_beta2=float(o.b2), adam_epsilon=float(o.eps),
-      weight_decay=float(o.weight_decay), max_grad_norm=float(o.max_grad_norm),
+      per_device_train_batch_size=int(optim.micro_batch_size),
+      gradient_accumulation_steps=batch // int(optim.micro_batch_size),
+      num_generations=int(grpo.num_generations_per_prompt), max_steps=int(grpo.max_num_steps),
+      learning_rate=float(optim.lr), lr_scheduler_type="constant", warmup_steps=0,
+      adam_beta1=float(optim.b1), adam_beta2=float(optim.b2), adam_epsilon=float(optim.eps),
+      weight_decay=float(optim.weight_decay), max_grad_norm=float(optim.max_grad_norm),
       beta=float(lf.reference_policy_kl_penalty), use_bias_correction_kl=False,
       epsilon=float(lf.ratio_clip_min), epsilon_high=float(lf.ratio_clip_max),
-      num_iterations=int(g.num_minibatches), loss_type="dapo", importance_sampling_level="token",
+      num_iterations=int(grpo.num_minibatches), loss_type="dapo", importance_sampling_level="token",
       scale_rewards="none", mask_truncated_completions=False,
-      temperature=float(r.temperature), top_p=float(r.top_p), top_k=0,
-      max_completion_length=int(r.max_new_tokens), use_vllm=False,
+      temperature=float(rollout.temperature), top_p=float(rollout.top_p), top_k=0,
+      max_completion_length=int(rollout.max_new_tokens), use_vllm=False,
       shuffle_dataset=False, remove_unused_columns=False, dataloader_num_workers=0,
       logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True)
 

@@ -25,7 +25,8 @@ from configs import swe
 from dockyard.models.tiny import DEFAULT_SPEC, make_tiny_model
 from dockyard.trainer_jax import sharding as shd
 from dockyard.trainer_jax import train
-from dockyard.trainer_jax.policy import JaxPolicy, masked_nll
+from dockyard.trainer_jax.loss import nll_loss
+from dockyard.trainer_jax.policy import JaxPolicy
 
 # full and --quick; --smoke uses the default tiny model (DEFAULT_SPEC).
 SPEC = dict(family="qwen2", hidden_size=256, intermediate_size=768, num_hidden_layers=4,
@@ -63,7 +64,7 @@ def main():
                    totals=dict(total_tokens=np.float32(loss_mask.sum()), total_sequences=np.float32(batch)))
 
   def jax_step():
-    metrics = train.train_step(policy.model, policy.optimizer, jax_batch, masked_nll)
+    metrics = train.train_step(policy.model, policy.optimizer, jax_batch, nll_loss)
     return float(jax.block_until_ready(metrics["loss"]))
 
   tmodel = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)

@@ -24,10 +24,10 @@ from dockyard import config_lib
 def get_config(arg=None):
   arg = config_lib.parse_arg(arg, tiny=False, full=False, torch=False, sync=False, runlocal=False)
   full = arg.full and not (arg.tiny or arg.runlocal)
-  c = ml_collections.ConfigDict()
+  config = ml_collections.ConfigDict()
 
   # run: identity, seed, mode, and how long.
-  c.run = dict(
+  config.run = dict(
       name="swe_full" if full else "swe_tiny",
       variant="full" if full else "tiny",
       seed=0,
@@ -37,7 +37,7 @@ def get_config(arg=None):
   )
 
   # cluster: the machines the fleets are placed on (the trainer's device count comes from here).
-  c.cluster = dict(
+  config.cluster = dict(
       num_nodes=4 if full else 1,
       accelerators_per_node=8 if full else 0,   # 0: CPU only
       trainer_nodes=3 if full else 1,
@@ -47,7 +47,7 @@ def get_config(arg=None):
   )
 
   # policy: the model being trained and the framework that trains it.
-  c.policy = dict(
+  config.policy = dict(
       backend="torch" if arg.torch else "jax",   # jax | torch
       model_name_or_path="Qwen/Qwen2.5-7B-Instruct" if full else "",
       # A tiny model made locally (transformers config + random init + save_pretrained) when
@@ -72,7 +72,7 @@ def get_config(arg=None):
 
   # mesh: trainer devices as (data, fsdp, tensor); -1 is "the rest". Logical axis rules map
   # the names used inside the modules to mesh axes.
-  c.mesh = dict(
+  config.mesh = dict(
       shape=(1, -1, 1),
       axes=("data", "fsdp", "tensor"),
       rules=(
@@ -85,7 +85,7 @@ def get_config(arg=None):
   )
 
   # optim: AdamW with warmup + cosine decay and global-norm clipping.
-  c.optim = dict(
+  config.optim = dict(
       # tiny: the rate the measured run (docs/swe_default.md, r5) trained GRPO at: 5e-5 constant.
       # (It was configured as 5e-4 with a cosine decay, but the SFT warm start's steps then
       # advanced the schedule past its end; steps under the warm start's rate no longer count.)
@@ -102,7 +102,7 @@ def get_config(arg=None):
   )
 
   # grpo: the algorithm and the loop.
-  c.grpo = dict(
+  config.grpo = dict(
       num_prompts_per_step=8 if full else 4,
       num_generations_per_prompt=8,
       # Optimizer steps per batch (PPO-style minibatches of its sequences). 1: one step, the ratio
@@ -137,7 +137,7 @@ def get_config(arg=None):
           max_trajectory_age_steps=1,
           in_flight_weight_updates=True,
           in_flight_policy="finish",   # finish (on old weights) | abort (and resubmit)
-          replay_buffer_size=0,        # 0: 2 x prompts per step x generations
+          buffer_size=0,               # trajectories (pending + ready); 0: 2 x prompts x generations
           rollout_timeout_s=600.0,
           score_timeout_s=600.0,
           on_timeout="drop",           # drop | retry
@@ -146,7 +146,7 @@ def get_config(arg=None):
   )
 
   # loss_fn: the clipped policy-gradient loss (ClippedPGLossFn semantics).
-  c.loss_fn = dict(
+  config.loss_fn = dict(
       ratio_clip_min=0.2,                 # epsilon low
       ratio_clip_max=0.28,                # epsilon high (DAPO clip-higher)
       ratio_clip_c=3.0,                   # dual-clip constant (<= 1 disables)
@@ -160,7 +160,7 @@ def get_config(arg=None):
   )
 
   # rollout: vLLM engines on Ray.
-  c.rollout = dict(
+  config.rollout = dict(
       num_engines=1,
       cpus_per_engine=4.0 if full else 0.5,   # Ray CPUs per engine bundle (placement group)
       max_restarts=3,                         # per fleet call: engine restarts before giving up
@@ -177,7 +177,7 @@ def get_config(arg=None):
   )
 
   # refit: moving weights trainer -> vLLM, and the canary that checks they arrived right.
-  c.refit = dict(
+  config.refit = dict(
       transport="auto",        # auto | inprocess | object_store | shared_memory | nccl
       canary=dict(
           enabled=True,
@@ -187,7 +187,7 @@ def get_config(arg=None):
 
   # sandbox: the executor fleet that runs tests (Ray actors serving HTTP); started locally when
   # env.code.sandbox_urls is empty.
-  c.sandbox = dict(
+  config.sandbox = dict(
       num_executors=8 if full else 1,
       slots=0,                   # concurrent runs per executor; 0: the node's cores
       cpus_per_executor=0.0,     # the executor's Ray CPU reservation; 0: max(slots, 1)
@@ -206,7 +206,7 @@ def get_config(arg=None):
   )
 
   # env: the task + completion -> reward environment.
-  c.env = dict(
+  config.env = dict(
       name="swe",               # swe | math
       code=dict(
           sandbox_urls=("http://localhost:9090",) if full else (),  # () : the local fleet
@@ -222,7 +222,7 @@ def get_config(arg=None):
   )
 
   # data: task sets in the SWE-bench instance schema.
-  c.data = dict(
+  config.data = dict(
       train="data/swe/train.jsonl" if full else "data/swe/tiny/train.jsonl",
       validation="data/swe/tiny/train.jsonl" if not full else "data/swe/validation.jsonl",
       test="data/swe/test.jsonl",
@@ -231,7 +231,7 @@ def get_config(arg=None):
   )
 
   # checkpoint: one orbax CheckpointManager; best-k by a validation metric.
-  c.checkpoint = dict(
+  config.checkpoint = dict(
       enabled=True,
       save_period=10 if full else 5,
       keep_top_k=3,
@@ -242,7 +242,7 @@ def get_config(arg=None):
   # eval (run.mode=eval, dockyard/eval.py): pass@1 of one sample per test task at
   # rollout.val_temperature (greedy at 0, Wilson 95% CI), then, when pass_k > 0, num_samples samples
   # per task at `temperature` and the unbiased pass@k (Chen et al. 2021) with a bootstrap 95% CI.
-  c.eval = dict(
+  config.eval = dict(
       pass_k=0,                  # k of pass@k; 0: the greedy pass@1 only (a sandbox run per sample)
       num_samples=8,             # samples per task (n >= pass_k)
       temperature=1.0,           # their sampling temperature (> 0)
@@ -250,11 +250,11 @@ def get_config(arg=None):
   )
 
   # logging: TensorBoard + metrics.jsonl in the workdir; a PNG reward curve at the end.
-  c.logging = dict(
+  config.logging = dict(
       tensorboard=True,
       png_curve=True,
   )
-  return c
+  return config
 
 
 def get_hyper(h, arg=None):

@@ -19,25 +19,25 @@ from dockyard import config_lib
 
 def get_config(arg=None):
   arg = config_lib.parse_arg(arg, tiny=False, full=False, torch=False, sync=False, runlocal=False)
-  c = swe.get_config(",".join(k for k in ("tiny", "full", "torch", "sync", "runlocal") if arg[k]))
-  full = c.run.variant == "full"
+  config = swe.get_config(",".join(k for k in ("tiny", "full", "torch", "sync", "runlocal") if arg[k]))
+  full = config.run.variant == "full"
 
-  c.run.name = "swe_agent_full" if full else "swe_agent_tiny"
+  config.run.name = "swe_agent_full" if full else "swe_agent_tiny"
   # An episode's reward is its submit's verdict reward (resolved, zeroed by an integrity finding).
-  c.env.code.reward = "resolved"
+  config.env.code.reward = "resolved"
   # The agent prompt is the issue alone; the agent reads the code itself.
-  c.env.code.issue_token_budget = 0 if full else 400
+  config.env.code.issue_token_budget = 0 if full else 400
   # No warm start: env.gold_completion is a single-shot patch, not a tool-call trajectory.
-  c.grpo.sft_warmup.steps = 0
+  config.grpo.sft_warmup.steps = 0
   # Each validation sample is a session too (its completion's calls, then submit).
-  c.grpo.max_val_samples = 64 if full else 8
-  c.rollout.max_new_tokens = 1024 if full else 256   # per turn
+  config.grpo.max_val_samples = 64 if full else 8
+  config.rollout.max_new_tokens = 1024 if full else 256   # per turn
   if not full:   # the tools block is ~1,300 tokens of the tiny tokenizer; 4096: the tiny model's most
-    c.policy.max_seq_len = 4096
-    c.rollout.max_model_len = 4096
-  c.agent = dict(
+    config.policy.max_seq_len = 4096
+    config.rollout.max_model_len = 4096
+  config.agent = dict(
       max_turns=30 if full else 8,
-      max_context_tokens=c.rollout.max_model_len,   # the engine sees the whole trajectory
+      max_context_tokens=config.rollout.max_model_len,   # the engine sees the whole trajectory
       command_timeout_s=60.0 if full else 20.0,
       episode_timeout_s=1800.0 if full else 300.0,
       max_tool_output_chars=8000 if full else 1500,
@@ -46,13 +46,13 @@ def get_config(arg=None):
       truncation="mask",
       truncation_penalty=0.0,
   )
-  return c
+  return config
 
 
 def get_hyper(h, arg=None):
   """The sweep: learning rate (half and double the variant's) x the turn budget."""
-  c = get_config(arg)
+  config = get_config(arg)
   return h.product([
-      h.sweep("config.optim.lr", [c.optim.lr / 2, c.optim.lr * 2]),
-      h.sweep("config.agent.max_turns", [c.agent.max_turns // 2, c.agent.max_turns]),
+      h.sweep("config.optim.lr", [config.optim.lr / 2, config.optim.lr * 2]),
+      h.sweep("config.agent.max_turns", [config.agent.max_turns // 2, config.agent.max_turns]),
   ])

@@ -18,33 +18,33 @@ from dockyard import config_lib
 
 def get_config(arg=None):
   arg = config_lib.parse_arg(arg, tiny=False, full=False, torch=False, sync=False, runlocal=False)
-  c = swe.get_config(",".join(k for k in ("tiny", "full", "torch", "sync", "runlocal") if arg[k]))
-  full = c.run.variant == "full"
+  config = swe.get_config(",".join(k for k in ("tiny", "full", "torch", "sync", "runlocal") if arg[k]))
+  full = config.run.variant == "full"
 
-  c.run.name = "terminal_full" if full else "terminal_tiny"
-  c.env.name = "terminal"
+  config.run.name = "terminal_full" if full else "terminal_tiny"
+  config.env.name = "terminal"
   # The tasks, made at start; the SWE task files (data.*) are not read by this env.
-  c.env.terminal = dict(
+  config.env.terminal = dict(
       seed=0,
       tasks_per_family=24,
       train_families=("files", "text", "scripts"),
       heldout_families=("git", "archives"),
   )
-  c.env.code.max_in_flight = 64 if full else 16   # live sessions at once
-  c.grpo.sft_warmup.steps = 0
-  c.grpo.max_val_samples = 48 if full else 16     # of the 48 held-out tasks
-  c.checkpoint.metric = "val/success_rate"
+  config.env.code.max_in_flight = 64 if full else 16   # live sessions at once
+  config.grpo.sft_warmup.steps = 0
+  config.grpo.max_val_samples = 48 if full else 16     # of the 48 held-out tasks
+  config.checkpoint.metric = "val/success_rate"
   # tiny: the tools block alone is ~1,300 tokens of the tiny tokenizer (a prompt ~1,480), so 4096
   # (the tiny model's max_position_embeddings) leaves an episode ~2,600 for turns and results.
-  c.policy.max_seq_len = 8192 if full else 4096
-  c.rollout.max_model_len = 8192 if full else 4096
-  c.rollout.max_new_tokens = 512 if full else 128   # per turn: one command
+  config.policy.max_seq_len = 8192 if full else 4096
+  config.rollout.max_model_len = 8192 if full else 4096
+  config.rollout.max_new_tokens = 512 if full else 128   # per turn: one command
   # Sessions: short commands on tiny directories.
-  c.sandbox.timeout_s = 30.0 if full else 15.0
-  c.sandbox.disk_mb = 256
-  c.agent = dict(
+  config.sandbox.timeout_s = 30.0 if full else 15.0
+  config.sandbox.disk_mb = 256
+  config.agent = dict(
       max_turns=16 if full else 6,
-      max_context_tokens=c.rollout.max_model_len,
+      max_context_tokens=config.rollout.max_model_len,
       command_timeout_s=15.0 if full else 10.0,
       episode_timeout_s=600.0 if full else 120.0,
       max_tool_output_chars=4000 if full else 1000,
@@ -53,7 +53,7 @@ def get_config(arg=None):
       truncation="mask",
       truncation_penalty=0.0,
   )
-  return c
+  return config
 
 
 def get_hyper(h, arg=None):

@@ -7,7 +7,7 @@ unbiased estimate of pass@k (taking the best of the first k samples is not: it h
 
 Intervals: Wilson's score interval for a proportion (pass@1 of one greedy sample per problem);
 a percentile bootstrap over problems for pass@k (per-problem values are not Bernoulli). Pure
-NumPy, no model code, so the loops and the eval can both import it.
+NumPy, no model code, so the GRPO harness and the eval can both import it.
 """
 from __future__ import annotations
 

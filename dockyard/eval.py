@@ -21,7 +21,6 @@ import os
 import numpy as np
 
 from dockyard import estimators
-from dockyard.estimators import wilson_interval  # noqa: F401 — the historical import path
 from dockyard.rollout.base import SamplingParams
 
 SAMPLES = "eval_samples.jsonl"
@@ -32,13 +31,14 @@ def sampled_pass_at_k(config, *, generator, env, tokenizer, tasks, loop, max_in_
   """`eval.num_samples` completions per task at `eval.temperature`: pass@1 and pass@k with CIs."""
   from dockyard.grpo.harness import success_of
   from dockyard.grpo.step import collect_groups, score_groups
-  e, r = config.eval, config.rollout
-  n, k = int(e.num_samples), int(e.pass_k)
+  eval_cfg, rollout = config.eval, config.rollout
+  n, k = int(eval_cfg.num_samples), int(eval_cfg.pass_k)
   # No request seed: one seed is shared by every prompt of a request, so sample i of every task
   # would reuse one random stream (measured on SmolLM2: the same reply for 69 of 200 tasks'
   # first samples), correlating tasks that pass@k's bootstrap treats as independent. Unseeded
   # samples come from the engine's generator, seeded once at its construction (run.seed).
-  sampling = SamplingParams(temperature=float(e.temperature), top_p=1.0, max_tokens=r.max_new_tokens)
+  sampling = SamplingParams(temperature=float(eval_cfg.temperature), top_p=1.0,
+                            max_tokens=rollout.max_new_tokens)
   groups = collect_groups(generator, env, tokenizer, tasks, n, sampling)
   loop.run_until_complete(score_groups(env, groups, max_in_flight))
   ok = success_of(env)
@@ -47,14 +47,15 @@ def sampled_pass_at_k(config, *, generator, env, tokenizer, tasks, loop, max_in_
     wins = [bool(ok(rw)) for rw in g.rewards]
     counts.append((n, sum(wins)))
     for i, (text, rw, w) in enumerate(zip(g.texts, g.rewards, wins)):
-      records.append(dict(instance_id=str(g.task.get("instance_id", "")), kind=f"sample_T{e.temperature:g}",
+      records.append(dict(instance_id=str(g.task.get("instance_id", "")),
+                          kind=f"sample_T{eval_cfg.temperature:g}",
                           index=i, completion=text, reward=float(rw.value), success=w,
                           malformed=bool(rw.malformed)))
-  out = {"num_samples": n, "temperature": float(e.temperature),
+  out = {"num_samples": n, "temperature": float(eval_cfg.temperature),
          "completion_len_mean": float(np.mean([len(c.token_ids) for g in groups for c in g.completions])),
          "truncated_fraction": float(np.mean([c.finish_reason == "length" for g in groups
                                               for c in g.completions]))}
-  seed, resamples = int(config.run.seed), int(e.bootstrap_resamples)
+  seed, resamples = int(config.run.seed), int(eval_cfg.bootstrap_resamples)
   for kk in sorted({1, k}):
     per_task = estimators.pass_at_k_per_problem(counts, kk)
     out[f"pass@{kk}"] = float(per_task.mean())
@@ -67,8 +68,8 @@ def evaluate(config, *, generator, env, tokenizer, tasks, workdir: str) -> dict:
   from dockyard.grpo.harness import run_validation
   if not tasks:
     raise ValueError("config.data.test: the test split has no tasks")
-  r = config.rollout
-  sampling = SamplingParams(temperature=r.val_temperature, top_p=1.0, max_tokens=r.max_new_tokens,
+  rollout = config.rollout
+  sampling = SamplingParams(temperature=rollout.val_temperature, top_p=1.0, max_tokens=rollout.max_new_tokens,
                             seed=config.run.seed)
   loop = asyncio.new_event_loop()
   samples: list[dict] = []
@@ -77,7 +78,7 @@ def evaluate(config, *, generator, env, tokenizer, tasks, workdir: str) -> dict:
     max_in_flight = int(config.env.code.max_in_flight)
     metrics = run_validation(generator, env, tokenizer, tasks, sampling, loop, max_in_flight, samples=samples)
     for s in samples:
-      s["kind"] = f"val_T{r.val_temperature:g}"
+      s["kind"] = f"val_T{rollout.val_temperature:g}"
     if int(config.eval.pass_k) > 0:
       sampled = sampled_pass_at_k(config, generator=generator, env=env, tokenizer=tokenizer, tasks=tasks,
                                   loop=loop, max_in_flight=max_in_flight, records=samples)
@@ -90,7 +91,8 @@ def evaluate(config, *, generator, env, tokenizer, tasks, workdir: str) -> dict:
   lo, hi = metrics["val/pass@1_ci95_lo"], metrics["val/pass@1_ci95_hi"]
   report = {"n": n, "metric": key.split("/", 1)[1], "rate": metrics[key],
             "pass@1": metrics["val/pass@1"], "pass@1_ci95": [lo, hi],
-            "pass@1_temperature": float(r.val_temperature), "max_new_tokens": int(r.max_new_tokens),
+            "pass@1_temperature": float(rollout.val_temperature),
+            "max_new_tokens": int(rollout.max_new_tokens),
             "ci95": [lo, hi], **metrics}
   if sampled is not None:
     report["sampled"] = sampled
@@ -98,7 +100,7 @@ def evaluate(config, *, generator, env, tokenizer, tasks, workdir: str) -> dict:
     json.dump(report, f, indent=2)
   with open(os.path.join(workdir, SAMPLES), "w") as f:
     f.writelines(json.dumps(s) + "\n" for s in samples)
-  print(f"eval: pass@1 (T={r.val_temperature:g}) = {report['pass@1']:.3f} ({successes}/{n}), "
+  print(f"eval: pass@1 (T={rollout.val_temperature:g}) = {report['pass@1']:.3f} ({successes}/{n}), "
         f"95% CI [{lo:.3f}, {hi:.3f}]", flush=True)
   if sampled is not None:
     for kk in sorted({1, int(config.eval.pass_k)}):

@@ -88,14 +88,15 @@ def make_plan(config: ml_collections.ConfigDict) -> RunPlan:
   if config.env.name == "swe":
     data = {"train": config.data.train, "validation": config.data.validation, "test": config.data.test}
   elif config.env.name == "terminal":   # tasks generated at start (dockyard.data.terminal)
-    t = config.env.terminal
-    data = {"train": f"{t.tasks_per_family} generated per family of {', '.join(t.train_families)} "
-                     f"(seed {t.seed})",
-            "validation": f"held-out families {', '.join(t.heldout_families)}"}
+    terminal = config.env.terminal
+    data = {"train": f"{terminal.tasks_per_family} generated per family of "
+                     f"{', '.join(terminal.train_families)} (seed {terminal.seed})",
+            "validation": f"held-out families {', '.join(terminal.heldout_families)}"}
   else:  # math: questions generated in process (dockyard.envs.math); the data.* paths are unused
-    m = config.env.math
-    data = {"train": f"{m.num_train} generated ({' '.join(m.ops)}, operands {m.min_operand}-"
-                     f"{m.max_operand}, seed {m.seed})", "validation": f"{m.num_validation} held out"}
+    math_cfg = config.env.math
+    data = {"train": f"{math_cfg.num_train} generated ({' '.join(math_cfg.ops)}, operands "
+                     f"{math_cfg.min_operand}-{math_cfg.max_operand}, seed {math_cfg.seed})",
+            "validation": f"{math_cfg.num_validation} held out"}
   return RunPlan(
       variant=config.run.variant, mode=config.run.mode, loop=loop, env=config.env.name, policy=policy,
       backend=config.policy.backend, mesh_axes=tuple(config.mesh.axes), mesh_shape=mesh_shape,

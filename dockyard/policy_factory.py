@@ -36,7 +36,7 @@ def make_loss(config: Any, kind: str = "pg") -> LossFn:
   if kind not in ("pg", "nll"):
     raise ValueError(f"loss kind must be 'pg' or 'nll', got {kind!r}")
   if _backend(config) == "jax":
-    from dockyard.grpo import loss_jax as losses
+    from dockyard.trainer_jax import loss as losses
   else:
     from dockyard.trainer_torch import loss as losses
   return losses.make_pg_loss(LossConfig.from_config(config)) if kind == "pg" else losses.nll_loss

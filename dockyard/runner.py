@@ -72,10 +72,10 @@ def build_env(config, tokenizer, stack: contextlib.ExitStack) -> tuple[Any, list
   if config.env.name == "terminal":   # generated tasks, split by family; held out = val = test
     from dockyard.data import terminal as terminal_data
     from dockyard.agent.envs import TerminalEnv
-    t = config.env.terminal
-    tasks = terminal_data.make_tasks(t.seed, t.tasks_per_family,
-                                     tuple(t.train_families) + tuple(t.heldout_families))
-    train, heldout = terminal_data.split(tasks, t.train_families, t.heldout_families)
+    terminal = config.env.terminal
+    tasks = terminal_data.make_tasks(terminal.seed, terminal.tasks_per_family,
+                                     tuple(terminal.train_families) + tuple(terminal.heldout_families))
+    train, heldout = terminal_data.split(tasks, terminal.train_families, terminal.heldout_families)
     return TerminalEnv(sandbox_client(config, stack)), train, heldout, heldout
   from dockyard.data import swe as swe_data
   from dockyard.envs.swe import SweEnv

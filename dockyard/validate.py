@@ -117,7 +117,7 @@ def resolve_mesh_shape(shape: Sequence[int], num_devices: int, key: str = "mesh.
 
 def validate(config: ml_collections.ConfigDict) -> None:
   """Cross-field rules; raises ConfigError naming the first key that breaks one."""
-  g = config.grpo
+  grpo = config.grpo
   if config.run.mode not in ("train", "eval"):
     raise ConfigError("run.mode", f"must be 'train' or 'eval', got {config.run.mode!r}")
   if int(config.policy.seq_bucket) < 1:
@@ -130,13 +130,15 @@ def validate(config: ml_collections.ConfigDict) -> None:
       packaged.check(config.policy.model_name_or_path)
     except packaged.PackagedModelError as e:
       raise ConfigError("policy.model_name_or_path", str(e)) from None
-  if g.num_generations_per_prompt < 2:
+  if grpo.num_generations_per_prompt < 2:
     raise ConfigError("grpo.num_generations_per_prompt",
-                      f"GRPO needs a group of at least 2 samples per prompt, got {g.num_generations_per_prompt}")
-  if g.num_prompts_per_step < 1:
-    raise ConfigError("grpo.num_prompts_per_step", f"must be >= 1, got {g.num_prompts_per_step}")
-  if g.num_minibatches < 1:
-    raise ConfigError("grpo.num_minibatches", f"must be >= 1 (optimizer steps per batch), got {g.num_minibatches}")
+                      f"GRPO needs a group of at least 2 samples per prompt, "
+                      f"got {grpo.num_generations_per_prompt}")
+  if grpo.num_prompts_per_step < 1:
+    raise ConfigError("grpo.num_prompts_per_step", f"must be >= 1, got {grpo.num_prompts_per_step}")
+  if grpo.num_minibatches < 1:
+    raise ConfigError("grpo.num_minibatches",
+                      f"must be >= 1 (optimizer steps per batch), got {grpo.num_minibatches}")
   if "agent" in config:
     from dockyard.agent.episode import AgentConfig
     try:
@@ -146,21 +148,22 @@ def validate(config: ml_collections.ConfigDict) -> None:
     if config.agent.get("max_context_tokens", 4096) > config.rollout.max_model_len:
       raise ConfigError("agent.max_context_tokens", f"an episode's trajectory goes to the engine whole: "
                         f"must be <= rollout.max_model_len ({config.rollout.max_model_len})")
-  if g.advantage.estimator not in ("grpo", "gdpo", "reinforce++"):
-    raise ConfigError("grpo.advantage.estimator", f"unknown estimator {g.advantage.estimator!r}")
-  if g.async_grpo.enabled:
+  if grpo.advantage.estimator not in ("grpo", "gdpo", "reinforce++"):
+    raise ConfigError("grpo.advantage.estimator", f"unknown estimator {grpo.advantage.estimator!r}")
+  if grpo.async_grpo.enabled:
     if not config.loss_fn.use_importance_sampling_correction:
       raise ConfigError("loss_fn.use_importance_sampling_correction",
                         "async GRPO (grpo.async_grpo.enabled=True) trains on trajectories from older "
                         "weights and requires importance-sampling correction; set it to True")
-    if g.async_grpo.max_trajectory_age_steps < 1:
+    if grpo.async_grpo.max_trajectory_age_steps < 1:
       raise ConfigError("grpo.async_grpo.max_trajectory_age_steps",
-                        f"must be >= 1 for async GRPO, got {g.async_grpo.max_trajectory_age_steps}")
-    if g.async_grpo.in_flight_policy not in ("finish", "abort"):
+                        f"must be >= 1 for async GRPO, got {grpo.async_grpo.max_trajectory_age_steps}")
+    if grpo.async_grpo.in_flight_policy not in ("finish", "abort"):
       raise ConfigError("grpo.async_grpo.in_flight_policy",
-                        f"must be 'finish' or 'abort', got {g.async_grpo.in_flight_policy!r}")
-    if g.async_grpo.on_timeout not in ("drop", "retry"):
-      raise ConfigError("grpo.async_grpo.on_timeout", f"must be 'drop' or 'retry', got {g.async_grpo.on_timeout!r}")
+                        f"must be 'finish' or 'abort', got {grpo.async_grpo.in_flight_policy!r}")
+    if grpo.async_grpo.on_timeout not in ("drop", "retry"):
+      raise ConfigError("grpo.async_grpo.on_timeout",
+                        f"must be 'drop' or 'retry', got {grpo.async_grpo.on_timeout!r}")
   lf = config.loss_fn
   if lf.ratio_level not in ("token", "sequence"):
     raise ConfigError("loss_fn.ratio_level", f"must be 'token' or 'sequence', got {lf.ratio_level!r}")
@@ -173,31 +176,32 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise ConfigError("mesh.shape", f"{tuple(config.mesh.shape)} has {len(config.mesh.shape)} entries "
                       f"but mesh.axes has {len(config.mesh.axes)}")
   resolve_mesh_shape(config.mesh.shape, _mesh_devices(config))
-  cl = config.cluster
-  if cl.accelerators_per_node > 0 and not cl.colocated and cl.trainer_nodes + cl.inference_nodes > cl.num_nodes:
-    raise ConfigError("cluster.trainer_nodes", f"trainer_nodes ({cl.trainer_nodes}) + inference_nodes "
-                      f"({cl.inference_nodes}) exceed num_nodes ({cl.num_nodes})")
-  r = config.rollout
-  if r.num_engines < 1:
-    raise ConfigError("rollout.num_engines", f"must be >= 1, got {r.num_engines}")
-  if cl.accelerators_per_node > 0:
-    gpus = cl.inference_nodes * cl.accelerators_per_node
-    if r.num_engines * r.tensor_parallel_size > gpus:
-      raise ConfigError("rollout.num_engines", f"{r.num_engines} engines x tensor_parallel_size "
-                        f"{r.tensor_parallel_size} need more than the {gpus} inference accelerators")
+  cluster = config.cluster
+  if (cluster.accelerators_per_node > 0 and not cluster.colocated
+      and cluster.trainer_nodes + cluster.inference_nodes > cluster.num_nodes):
+    raise ConfigError("cluster.trainer_nodes", f"trainer_nodes ({cluster.trainer_nodes}) + inference_nodes "
+                      f"({cluster.inference_nodes}) exceed num_nodes ({cluster.num_nodes})")
+  rollout = config.rollout
+  if rollout.num_engines < 1:
+    raise ConfigError("rollout.num_engines", f"must be >= 1, got {rollout.num_engines}")
+  if cluster.accelerators_per_node > 0:
+    gpus = cluster.inference_nodes * cluster.accelerators_per_node
+    if rollout.num_engines * rollout.tensor_parallel_size > gpus:
+      raise ConfigError("rollout.num_engines", f"{rollout.num_engines} engines x tensor_parallel_size "
+                        f"{rollout.tensor_parallel_size} need more than the {gpus} inference accelerators")
   if config.run.mode == "train":
     # The trainer scores softmax(logits / T) (dockyard.policy.TrainBatch.temperature); it does not
     # reproduce vLLM's top-p truncation, so a top-p sample's logprobs would not match.
-    if not r.temperature > 0:
+    if not rollout.temperature > 0:
       raise ConfigError("rollout.temperature", f"GRPO training samples groups and trains their "
-                        f"distribution softmax(logits / T): must be > 0, got {r.temperature} (greedy "
+                        f"distribution softmax(logits / T): must be > 0, got {rollout.temperature} (greedy "
                         f"decoding is for validation: rollout.val_temperature)")
-    if r.top_p != 1.0:
-      raise ConfigError("rollout.top_p", f"must be 1.0 in training, got {r.top_p}: the trainer "
+    if rollout.top_p != 1.0:
+      raise ConfigError("rollout.top_p", f"must be 1.0 in training, got {rollout.top_p}: the trainer "
                         f"scores the full softmax(logits / T), not a top-p truncated one, so the "
                         f"importance weight and the trained distribution would be wrong")
-  if r.max_new_tokens >= r.max_model_len:
-    raise ConfigError("rollout.max_new_tokens", f"must be < rollout.max_model_len ({r.max_model_len})")
+  if rollout.max_new_tokens >= rollout.max_model_len:
+    raise ConfigError("rollout.max_new_tokens", f"must be < rollout.max_model_len ({rollout.max_model_len})")
   if config.refit.transport not in ("auto", "inprocess", "object_store", "shared_memory", "nccl"):
     raise ConfigError("refit.transport", f"unknown transport {config.refit.transport!r}")
   if config.env.name not in ("swe", "math", "terminal"):
@@ -212,18 +216,18 @@ def validate(config: ml_collections.ConfigDict) -> None:
       raise ConfigError("env.math", str(err).removeprefix("env.math.")) from None
   if config.env.name == "swe" and config.env.code.reward not in ("resolved", "pass_rate"):
     raise ConfigError("env.code.reward", f"must be 'resolved' or 'pass_rate', got {config.env.code.reward!r}")
-  e = config.eval
-  if e.pass_k < 0:
-    raise ConfigError("eval.pass_k", f"must be >= 0 (0: greedy pass@1 only), got {e.pass_k}")
-  if e.pass_k > 0:
-    if e.num_samples < e.pass_k:
-      raise ConfigError("eval.num_samples", f"pass@{e.pass_k} needs at least {e.pass_k} samples per task, "
-                        f"got {e.num_samples}")
-    if e.temperature <= 0:
+  eval_cfg = config.eval
+  if eval_cfg.pass_k < 0:
+    raise ConfigError("eval.pass_k", f"must be >= 0 (0: greedy pass@1 only), got {eval_cfg.pass_k}")
+  if eval_cfg.pass_k > 0:
+    if eval_cfg.num_samples < eval_cfg.pass_k:
+      raise ConfigError("eval.num_samples", f"pass@{eval_cfg.pass_k} needs at least {eval_cfg.pass_k} "
+                        f"samples per task, got {eval_cfg.num_samples}")
+    if eval_cfg.temperature <= 0:
       raise ConfigError("eval.temperature", f"pass@k samples need a temperature > 0 (greedy samples "
-                        f"are all the same), got {e.temperature}")
-    if e.bootstrap_resamples < 1:
-      raise ConfigError("eval.bootstrap_resamples", f"must be >= 1, got {e.bootstrap_resamples}")
+                        f"are all the same), got {eval_cfg.temperature}")
+    if eval_cfg.bootstrap_resamples < 1:
+      raise ConfigError("eval.bootstrap_resamples", f"must be >= 1, got {eval_cfg.bootstrap_resamples}")
   if config.checkpoint.metric_mode not in ("max", "min"):
     raise ConfigError("checkpoint.metric_mode", f"must be 'max' or 'min', got {config.checkpoint.metric_mode!r}")
   if config.checkpoint.keep_top_k < 1:
@@ -238,19 +242,19 @@ def _validate_terminal(config) -> None:
   if "terminal" not in config.env:
     raise ConfigError("env.terminal", "missing (seed, tasks_per_family, train_families, heldout_families)")
   from dockyard.data import terminal as terminal_data
-  t = config.env.terminal
-  unknown = sorted(set(t) - {"seed", "tasks_per_family", "train_families", "heldout_families"})
+  terminal = config.env.terminal
+  unknown = sorted(set(terminal) - {"seed", "tasks_per_family", "train_families", "heldout_families"})
   if unknown:
     raise ConfigError("env.terminal", f"unknown keys {unknown}")
-  if t.tasks_per_family < 1:
-    raise ConfigError("env.terminal.tasks_per_family", f"must be >= 1, got {t.tasks_per_family}")
+  if terminal.tasks_per_family < 1:
+    raise ConfigError("env.terminal.tasks_per_family", f"must be >= 1, got {terminal.tasks_per_family}")
   for key in ("train_families", "heldout_families"):
-    families = tuple(t[key])
+    families = tuple(terminal[key])
     bad = sorted(set(families) - set(terminal_data.FAMILIES))
     if not families or bad:
       raise ConfigError(f"env.terminal.{key}", f"must name families of {list(terminal_data.FAMILIES)}, "
                         f"got {list(families)}")
-  both = sorted(set(t.train_families) & set(t.heldout_families))
+  both = sorted(set(terminal.train_families) & set(terminal.heldout_families))
   if both:
     raise ConfigError("env.terminal.heldout_families", f"{both} are also train families: the split "
                       "is by family")

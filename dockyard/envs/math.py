@@ -71,12 +71,13 @@ class MathConfig:
 
   @classmethod
   def from_config(cls, config) -> "MathConfig":
-    m = config.env.math
-    return cls(seed=int(m.seed), ops=tuple(m.ops), min_operand=int(m.min_operand),
-               max_operand=int(m.max_operand), num_train=int(m.num_train),
-               num_validation=int(m.num_validation), system_prompt=str(m.system_prompt),
-               gold_format=str(m.get("gold_format", "answer")), instruction=str(m.get("instruction", "")),
-               answer_extraction=str(m.get("answer_extraction", "last_integer")))
+    math_cfg = config.env.math
+    return cls(seed=int(math_cfg.seed), ops=tuple(math_cfg.ops), min_operand=int(math_cfg.min_operand),
+               max_operand=int(math_cfg.max_operand), num_train=int(math_cfg.num_train),
+               num_validation=int(math_cfg.num_validation), system_prompt=str(math_cfg.system_prompt),
+               gold_format=str(math_cfg.get("gold_format", "answer")),
+               instruction=str(math_cfg.get("instruction", "")),
+               answer_extraction=str(math_cfg.get("answer_extraction", "last_integer")))
 
 
 def make_task(a: int, op: str, b: int) -> dict[str, Any]:

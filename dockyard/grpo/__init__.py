@@ -1,7 +1,7 @@
 """dockyard.grpo: the algorithm, independent of the training backend and the inference engine.
 
-  loss_spec.py    the clipped policy-gradient loss (and SFT NLL) in NumPy: THE spec
-  loss_jax.py     the same losses as JAX `LossFn`s, tested against the spec
+  loss_spec.py    the clipped policy-gradient loss (and SFT NLL) in NumPy: THE spec that
+                  trainer_jax/loss.py and trainer_torch/loss.py (the backends' `LossFn`s) follow
   advantages.py   grpo (leave-one-out) | gdpo (per-component) | reinforce++ estimators
   shaping.py      reward scale, malformed and DAPO overlong penalties
   batch.py        `Group` records and packing into a `TrainBatch`

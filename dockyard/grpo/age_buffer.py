@@ -70,7 +70,7 @@ class AgeBoundedBuffer:
   def __init__(self, sampler, capacity: int, max_age: int, per_step: int, version: int = 0):
     if capacity < 1:
       raise ValueError(f"buffer capacity must be >= 1 group, got {capacity} "
-                       "(grpo.async_grpo.replay_buffer_size is in trajectories: at least one group)")
+                       "(grpo.async_grpo.buffer_size is in trajectories: at least one group)")
     if max_age < 0:
       raise ValueError(f"grpo.async_grpo.max_trajectory_age_steps must be >= 0, got {max_age}")
     if per_step < 1 or per_step > capacity:
@@ -138,7 +138,7 @@ class AgeBoundedBuffer:
     """
     if k > self.capacity:
       raise ValueError(f"cannot take {k} groups from a buffer of capacity {self.capacity}: raise "
-                       "grpo.async_grpo.replay_buffer_size")
+                       "grpo.async_grpo.buffer_size")
 
     def chosen():
       if in_order:
@@ -229,12 +229,12 @@ class AgeBoundedBuffer:
 
 
 def capacity_in_groups(config) -> int:
-  """`grpo.async_grpo.replay_buffer_size` (trajectories; 0: 2 steps' worth) as whole groups."""
-  g = config.grpo
-  n = int(g.num_generations_per_prompt)
-  size = int(g.async_grpo.replay_buffer_size) or 2 * int(g.num_prompts_per_step) * n
+  """`grpo.async_grpo.buffer_size` (trajectories; 0: 2 steps' worth) as whole groups."""
+  grpo = config.grpo
+  n = int(grpo.num_generations_per_prompt)
+  size = int(grpo.async_grpo.buffer_size) or 2 * int(grpo.num_prompts_per_step) * n
   groups = size // n
-  if groups < g.num_prompts_per_step:
-    raise ValueError(f"config.grpo.async_grpo.replay_buffer_size={size} trajectories holds {groups} groups "
-                     f"of {n}, fewer than one step's {g.num_prompts_per_step} prompts")
+  if groups < grpo.num_prompts_per_step:
+    raise ValueError(f"config.grpo.async_grpo.buffer_size={size} trajectories holds {groups} groups "
+                     f"of {n}, fewer than one step's {grpo.num_prompts_per_step} prompts")
   return groups

@@ -20,7 +20,6 @@ import numpy as np
 from dockyard.envs.base import Reward
 from dockyard.policy import TrainBatch
 from dockyard.rollout.base import Completion
-# The loops import the prompt encoder from here until the loop rewrite imports dockyard.rollout.chat.
 
 
 @dataclasses.dataclass

@@ -58,8 +58,9 @@ class TrainResult:
 
 def sampling_params(config) -> SamplingParams:
   """How training groups are sampled (`rollout.*`); every source starts from these."""
-  r = config.rollout
-  return SamplingParams(temperature=r.temperature, top_p=r.top_p, max_tokens=r.max_new_tokens)
+  rollout = config.rollout
+  return SamplingParams(temperature=rollout.temperature, top_p=rollout.top_p,
+                        max_tokens=rollout.max_new_tokens)
 
 
 def max_in_flight(config) -> int:
@@ -93,11 +94,11 @@ class RunSettings:
     is_cap = (float(config.loss_fn.truncated_importance_sampling_ratio)
               if config.loss_fn.use_importance_sampling_correction else None)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    r = config.rollout
+    rollout = config.rollout
     return cls(pg_loss=pg_loss, nll=nll, kl_coef=kl_coef, is_cap=is_cap, pad_id=pad_id,
                max_in_flight=max_in_flight(config), sampling=sampling_params(config),
-               val_sampling=SamplingParams(temperature=r.val_temperature, top_p=1.0,
-                                           max_tokens=r.max_new_tokens, seed=config.run.seed),
+               val_sampling=SamplingParams(temperature=rollout.val_temperature, top_p=1.0,
+                                           max_tokens=rollout.max_new_tokens, seed=config.run.seed),
                num_minibatches=int(config.grpo.num_minibatches))
 
 
@@ -155,8 +156,8 @@ class Validator:
     self.history: list[dict] = []
 
   def due(self, step: int) -> bool:
-    p = self.config.grpo.val_period
-    return bool(self.tasks) and p > 0 and step % p == 0
+    val_period = self.config.grpo.val_period
+    return bool(self.tasks) and val_period > 0 and step % val_period == 0
 
   def __call__(self, step: int) -> dict:
     ck, times = self.config.checkpoint, {}
@@ -201,14 +202,14 @@ def start_run(config, *, policy: Policy, synchronizer, env, tokenizer, train_tas
               ckpt_root: str, progress: bool = True) -> tuple[int, dict | None]:
   """Resumes from ckpt_root/latest or warm-starts with SFT (with a bar when `progress`), then
   refits the engine if the policy changed; returns (start step, the resumed loop_state or None)."""
-  g = config.grpo
+  grpo = config.grpo
   latest = checkpoints.load_latest(ckpt_root) if config.checkpoint.enabled else None
   if latest is not None:
     path, state = latest
     policy.restore(path)
     log.info("resumed from %s at step %d", path, int(state["step"]))
-  elif g.sft_warmup.steps > 0:
-    sw = g.sft_warmup
+  elif grpo.sft_warmup.steps > 0:
+    sw = grpo.sft_warmup
     bar = console.bar(sw.steps, "sft warm start", enabled=progress)
 
     def on_step(i, m):
@@ -222,7 +223,7 @@ def start_run(config, *, policy: Policy, synchronizer, env, tokenizer, train_tas
     finally:
       if bar is not None:
         bar.close()
-  if latest is not None or g.sft_warmup.steps > 0:
+  if latest is not None or grpo.sft_warmup.steps > 0:
     refit(synchronizer)   # the engine still holds the initial weights
   return (int(latest[1]["step"]), latest[1]) if latest is not None else (0, None)
 

@@ -33,7 +33,7 @@ def grpo_train(config, *, source: TrajectorySource, policy: Policy, generator: G
   (clipped-PG loss, SFT NLL) for the policy's backend (`policy_factory.make_losses`);
   `reference` (needed when the KL penalty is on): see `harness.resolve_reference`.
   """
-  g = config.grpo
+  grpo = config.grpo
   settings = RunSettings.build(config, tokenizer, losses, reference)
   ckpt_root = os.path.join(workdir, "checkpoints")
   os.makedirs(ckpt_root, exist_ok=True)
@@ -46,13 +46,13 @@ def grpo_train(config, *, source: TrajectorySource, policy: Policy, generator: G
                                      tokenizer=tokenizer, train_tasks=train_tasks, writer=writer,
                                      nll=settings.nll, ckpt_root=ckpt_root, progress=progress)
     reference = harness.resolve_reference(config, policy, reference, ckpt_root,
-                                          warm_started=g.sft_warmup.steps > 0)
+                                          warm_started=grpo.sft_warmup.steps > 0)
     source.start(workdir, start, state)
-    if g.val_at_start and start == 0 and validator.tasks:
+    if grpo.val_at_start and start == 0 and validator.tasks:
       writer.write(0, validator(0))
 
-    bar = harness.Progress(progress, g.max_num_steps, start, source.name, kl=settings.kl_coef != 0)
-    for step in range(start + 1, g.max_num_steps + 1):
+    bar = harness.Progress(progress, grpo.max_num_steps, start, source.name, kl=settings.kl_coef != 0)
+    for step in range(start + 1, grpo.max_num_steps + 1):
       times: dict[str, float] = {}
       t_step = time.perf_counter()
       groups, rollout = source.take(step)

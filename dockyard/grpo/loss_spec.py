@@ -1,7 +1,8 @@
 """The clipped policy-gradient loss, written once in NumPy as the spec both trainers are tested against.
 
-This file is the definition; `loss_jax.py` (and later the torch loss) must agree with it on any
-input. It has no framework dependency beyond NumPy so that either backend can import it in tests.
+This file is the definition; `dockyard.trainer_jax.loss` and `dockyard.trainer_torch.loss` must
+agree with it on any input. It has no framework dependency beyond NumPy so that either backend
+imports it (for `LossConfig` and `check_extras`) and the tests compare both against it.
 
 Shapes and alignment follow `dockyard.policy.TrainBatch`: every per-token array is [B, T] and
 entry t refers to the prediction OF token t (so `loss_mask` is 1 on completion tokens).

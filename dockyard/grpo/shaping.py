@@ -32,9 +32,9 @@ class ShapingConfig:
 
   @classmethod
   def from_config(cls, config) -> "ShapingConfig":
-    s = config.grpo.reward_shaping
-    return cls(scale=float(s.scale), malformed_penalty=float(s.malformed_penalty),
-               overlong_penalty=float(s.overlong_penalty), overlong_buffer=int(s.overlong_buffer),
+    shaping = config.grpo.reward_shaping
+    return cls(scale=float(shaping.scale), malformed_penalty=float(shaping.malformed_penalty),
+               overlong_penalty=float(shaping.overlong_penalty), overlong_buffer=int(shaping.overlong_buffer),
                max_new_tokens=int(config.rollout.max_new_tokens))
 
 

@@ -2,7 +2,7 @@
 
 One call, `refit()`, after each optimizer step: push the policy's weights as a new, strictly
 larger version, run the refit canary (raises past its bound), ready the engines. The engines are
-synced eagerly because both loops sample right after a step; there is no stale state to carry.
+synced eagerly because both trajectory sources sample right after a step; there is no stale state to carry.
 `create_weight_synchronizer` picks the transport from `config.refit.transport` ('auto': by
 topology, from `config.cluster` and where the generator says its engines run).
 """
@@ -105,7 +105,7 @@ def create_weight_synchronizer(config: Any, policy: Policy, generator,
   """The synchronizer for `config` (transport from `config.refit.transport`, canary from
   `config.refit.canary`: random probe ids below the engine's vocabulary unless one is given)."""
   transport = make_transport(pick_transport_name(config, generator), generator)
-  c = config.refit.canary
-  if canary is None and c.enabled:
-    canary = RefitCanary.random(generator.vocab_size, float(c.max_abs_logprob_delta))
+  canary_cfg = config.refit.canary
+  if canary is None and canary_cfg.enabled:
+    canary = RefitCanary.random(generator.vocab_size, float(canary_cfg.max_abs_logprob_delta))
   return WeightSynchronizer(policy, generator, transport, canary)

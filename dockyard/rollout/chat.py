@@ -1,7 +1,8 @@
 """Chat messages -> prompt token ids through the tokenizer's own chat template.
 
-The one prompt encoder: the GRPO loops, the SFT warm start and the evaluator all build prompts
-with `encode_prompt`, so the ids vLLM samples from are exactly the ids the trainer later scores.
+The one prompt encoder: the GRPO trajectory sources, the SFT warm start and the evaluator build
+prompts with `encode_prompt`, so the ids vLLM samples from are exactly the ids the trainer later
+scores.
 """
 from __future__ import annotations
 

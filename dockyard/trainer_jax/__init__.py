@@ -8,5 +8,7 @@
   checkpoint.py    one orbax CheckpointManager: model + optimizer + step + grain iterator
   data.py          grain MapDataset pipelines
   policy.py        JaxPolicy, the `dockyard.policy.Policy` implementation
-  sft.py           the masked-NLL SFT loop (GRPO warm start) and its CLI
+  loss.py          the clipped-PG and SFT NLL `LossFn`s in JAX, following dockyard.grpo.loss_spec
+  sft.py           a standalone masked-NLL SFT loop and its CLI (resumable from its workdir; the
+                   GRPO warm start is dockyard.grpo.sft, through the Policy seam)
 """

@@ -180,9 +180,3 @@ class JaxPolicy(Policy):
       raise ValueError(f"learning rate must be a finite number >= 0, got {lr}")
     train.set_lr_override(self.optimizer, lr)
 
-
-def masked_nll(logprobs, loss_mask, extras):
-  """Token-mean NLL over the whole batch (LossFn contract: normalise by `total_tokens`)."""
-  total = jnp.maximum(extras["total_tokens"], 1.0)
-  nll = -(logprobs * loss_mask).sum() / total
-  return nll, {"nll": nll, "num_tokens": loss_mask.sum()}

@@ -1,4 +1,8 @@
-"""Supervised fine-tuning with a masked NLL: the GRPO loop's warm start, and a plain loop to read.
+"""Standalone supervised fine-tuning of a JaxPolicy with a masked NLL: a plain loop to read.
+
+Not the GRPO warm start (that is `dockyard.grpo.sft`, which trains any Policy through its seam);
+this one owns its grain pipeline and orbax checkpoints, for SFT on its own from a JSONL of
+{"prompt", "answer"} records.
 
 `run_sft` is the whole training loop top to bottom: build the policy, the grain pipeline and the
 checkpoint manager; restore if the workdir has a checkpoint; `for step in range(start, total)`
@@ -17,7 +21,8 @@ import numpy as np
 
 from dockyard.policy import TrainBatch
 from dockyard.trainer_jax import data as data_lib
-from dockyard.trainer_jax.policy import JaxPolicy, masked_nll
+from dockyard.trainer_jax.loss import nll_loss
+from dockyard.trainer_jax.policy import JaxPolicy
 
 
 def encode_records(encode: Callable[[str], list[int]], pairs: Sequence[tuple[str, str]]) -> list[dict]:
@@ -54,7 +59,7 @@ def run_sft(policy: JaxPolicy, records: Sequence[dict], workdir: str, total_step
   for step in range(policy.step, total_steps):
     ex = next(it)
     batch = TrainBatch(ex["input_ids"], ex["attention_mask"], ex["loss_mask"])
-    metrics = policy.train_step(batch, masked_nll)
+    metrics = policy.train_step(batch, nll_loss)
     history.append({"step": step + 1, **metrics})
     log(json.dumps(history[-1]))
     if (step + 1) % save_every == 0 or step + 1 == total_steps:

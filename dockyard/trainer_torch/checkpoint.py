@@ -1,7 +1,7 @@
 """Training checkpoints with torch distributed checkpoint (DCP), laid out like the JAX trainer's.
 
 `Checkpointer(directory)` keeps one sub-directory per step (`directory/<step>/`, as orbax's
-`CheckpointManager` does), so the loops drive both backends the same way. Each holds the DCP
+`CheckpointManager` does), so the GRPO loop drives both backends the same way. Each holds the DCP
 shards of `{"model", "optim"}` from `get_state_dict` (sharded DTensors: every rank writes its own
 shards in parallel; `dcp.load` reads them back in place and reshards if the world size changed),
 `meta.json` (step, the LR override) and, when given, the data iterator's state.

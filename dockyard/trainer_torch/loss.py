@@ -1,4 +1,5 @@
-"""The clipped policy-gradient loss and the SFT NLL loss in torch, following `loss_spec.py` exactly.
+"""The clipped policy-gradient loss and the SFT NLL loss in torch, following `dockyard.grpo.loss_spec`
+exactly (as `dockyard.trainer_jax.loss` does in JAX; each backend's loss sits beside its trainer).
 
 Both are `dockyard.policy.LossFn`s: `fn(logprobs [B,T], loss_mask [B,T], extras) -> (loss,
 metrics)` on torch tensors. Only `logprobs` carries gradient: prev, generation and reference

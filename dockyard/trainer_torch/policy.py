@@ -239,7 +239,7 @@ class TorchPolicy(Policy):
         full = full.clone()
       yield entry.hf, _to_numpy(full)
 
-  # ---- checkpoints (the same calls as JaxPolicy's, so the loops need no backend branch) ---------
+  # ---- checkpoints (the same calls as JaxPolicy's, so the loop needs no backend branch) ----------
 
   def checkpointer(self, directory: str) -> checkpoint.Checkpointer:
     """The (cached) manager of `directory`: it keeps the newest checkpoint."""

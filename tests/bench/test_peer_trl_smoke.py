@@ -31,7 +31,10 @@ def user_env() -> dict[str, str]:
 
 @pytest.mark.slow
 def test_peer_trl_smoke(tmp_path):
-  pytest.importorskip("trl", reason="TRL is the [bench] extra: pip install -e '.[bench]'")
+  try:   # the [bench] extra; CI installs it, so a missing or broken TRL fails here, never skips
+    import trl  # noqa: F401
+  except ImportError as e:
+    pytest.fail(f"TRL is the [bench] extra (pip install -e '.[bench]'): {e}")
   report_path = tmp_path / "report.json"
   cmd = [sys.executable, "bench/peer_trl.py", "--smoke", f"--report={report_path}"]
   try:

@@ -1,5 +1,6 @@
 """Loading task records: our JSONL, SWE-bench-style files (JSON-encoded test lists), bad input."""
 import json
+import sys
 
 import pytest
 
@@ -79,15 +80,20 @@ def _touch(p):
 
 
 def test_parquet(tmp_path):
+  # pyarrow comes with the [bench] extra (datasets, trl), which CI installs: no fallback here, a
+  # broken pyarrow fails this test instead of passing through the "not installed" branch below.
+  import pyarrow as pa
+  import pyarrow.parquet as pq
   path = tmp_path / "swe.parquet"
-  try:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-  except ImportError:
-    path.write_bytes(b"PAR1")
-    with pytest.raises(ImportError, match="needs pyarrow"):
-      swe.load_tasks(str(path))
-    return
   pq.write_table(pa.Table.from_pylist([RECORD]), str(path))
   (task,) = swe.load_tasks(str(path))
   assert task.FAIL_TO_PASS[0].endswith("result6]")
+
+
+def test_parquet_without_pyarrow_names_the_missing_package(tmp_path, monkeypatch):
+  path = tmp_path / "swe.parquet"
+  path.write_bytes(b"PAR1")
+  monkeypatch.setitem(sys.modules, "pyarrow", None)           # `import pyarrow...` raises ImportError
+  monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+  with pytest.raises(ImportError, match="needs pyarrow"):
+    swe.load_tasks(str(path))

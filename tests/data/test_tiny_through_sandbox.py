@@ -1,15 +1,11 @@
 """The tiny subset through the real sandbox: every gold patch resolves, every empty patch fails.
 
-Skipped until `dockyard.sandbox` (built in parallel) provides `local_executor` and `SandboxClient`.
 The sandbox finds the repos under $DOCKYARD_REPOS_DIR, pointed here at the fresh repos the
 `swe_repos` fixture made from the pinned sdists.
 """
 import pytest
 
-pytest.importorskip("dockyard.sandbox.local")
-pytest.importorskip("dockyard.sandbox.client")
-
-from dockyard.data import validate_swe  # noqa: E402
+from dockyard.data import validate_swe
 
 
 @pytest.mark.slow

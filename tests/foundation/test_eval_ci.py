@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from dockyard import estimators
-from dockyard.eval import wilson_interval
+from dockyard.estimators import wilson_interval
 
 
 def test_wilson_matches_known_values():

@@ -16,11 +16,12 @@ import pytest
 from dockyard import estimators, policy_factory, validate
 from dockyard.envs.base import Reward
 from dockyard.envs.math import MathConfig, MathEnv
-from dockyard.grpo import checkpoints, harness, loss_jax, step
+from dockyard.grpo import checkpoints, harness, step
 from dockyard.grpo.batch import Group, make_train_batch
 from dockyard.grpo.loss_spec import LossConfig
 from dockyard.grpo.sft import sft_warmup
 from dockyard.rollout.base import Completion
+from dockyard.trainer_jax import loss as jax_loss
 
 from grpo_fakes import BigramGenerator, BigramPolicy, FakeSynchronizer, FirstDigitEnv, math_config, run_grpo
 
@@ -172,7 +173,7 @@ def test_sft_warmup_lowers_nll_and_sets_lr(tokenizer):
   env = MathEnv(MathConfig(num_train=20, num_validation=0))
   policy = BigramPolicy(len(tokenizer), lr=0.01)
   hist = sft_warmup(policy, env, tokenizer, env.train, steps=15, batch_size=8, lr=0.1,
-                    loss_fn=loss_jax.nll_loss, seed=0)
+                    loss_fn=jax_loss.nll_loss, seed=0)
   assert len(hist) == 15 and hist[-1]["nll"] < hist[0]["nll"] * 0.7
   assert policy.lr_calls == [0.1, None]
 
@@ -267,7 +268,7 @@ def test_grpo_train_rejects_an_unknown_checkpoint_metric(tokenizer, tmp_path):
 def test_make_losses_follows_the_backend():
   config = math_config()
   pg, nll = policy_factory.make_losses(config)
-  assert nll is loss_jax.nll_loss and callable(pg)
+  assert nll is jax_loss.nll_loss and callable(pg)
   config.policy.backend = "torch"
   from dockyard.trainer_torch import loss as torch_loss
   pg_t, nll_t = policy_factory.make_losses(config)

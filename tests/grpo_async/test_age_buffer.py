@@ -131,8 +131,8 @@ def test_group_version_is_the_oldest_token_and_capacity_is_checked():
   assert group_version(g, to_logical=lambda v: v * 10) == 50
   config = async_config()
   assert capacity_in_groups(config) == 2 * 4              # 0: two steps of 4 prompts
-  config.grpo.async_grpo.replay_buffer_size = 24          # 3 groups of 8 < 4 prompts per step
-  with pytest.raises(ValueError, match="replay_buffer_size=24"):
+  config.grpo.async_grpo.buffer_size = 24          # 3 groups of 8 < 4 prompts per step
+  with pytest.raises(ValueError, match="buffer_size=24"):
     capacity_in_groups(config)
   with pytest.raises(ValueError, match="capacity must be >= 1"):
     AgeBoundedBuffer(PromptSampler(TASKS), capacity=0, max_age=1, per_step=1)

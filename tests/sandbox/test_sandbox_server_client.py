@@ -2,7 +2,6 @@
 back-pressure, 500 tasks in flight, and an executor killed mid-batch."""
 import asyncio
 import json
-import time
 
 import httpx
 import pytest
@@ -101,16 +100,13 @@ async def test_500_in_flight_none_lost_or_duplicated(server, workspace):
   tasks = [rf.task(workspace["base"], "", instance_id=f"load-{i}") for i in range(n)]
   submitted = _metric(server.url, "submitted_total")
   rss_before = _rss_mb(server.process.pid)
-  start = time.monotonic()
   async with SandboxClient([server.url], request_timeout_s=120, max_in_flight=n,
                            wait_s=10) as client:
     verdicts = await client.run_many(tasks)
-  elapsed = time.monotonic() - start
   assert [v["instance_id"] for v in verdicts] == [f"load-{i}" for i in range(n)]
   assert all(v["reason"] == "empty patch" for v in verdicts)
   assert _metric(server.url, "submitted_total") - submitted == n   # none resubmitted twice
   assert _rss_mb(server.process.pid) - rss_before < 150, "executor memory grew unbounded"
-  assert elapsed < 60
 
 
 async def test_killing_an_executor_mid_batch_loses_nothing(workspace, tmp_path):

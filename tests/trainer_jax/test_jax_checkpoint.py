@@ -77,26 +77,26 @@ def test_keeps_the_latest(tiny_models, config, tmp_path):
 
 
 def test_restore_brings_back_weights_and_optimizer(tiny_models, config, tmp_path):
-  from dockyard.trainer_jax.policy import masked_nll
   from dockyard.policy import TrainBatch
+  from dockyard.trainer_jax.loss import nll_loss
   policy = _tiny_policy(tiny_models["llama"], config)
   ids = np.random.default_rng(0).integers(0, 1024, (8, 20)).astype(np.int32)
   batch = TrainBatch(ids, np.ones_like(ids), np.ones_like(ids))
-  policy.train_step(batch, masked_nll)
+  policy.train_step(batch, nll_loss)
   # The policy's step numbers the checkpoint.
   policy.save(str(tmp_path))
   assert policy.checkpointer(str(tmp_path)).all_steps() == [1]
   saved = dict(policy.named_weights())
-  after_save = policy.train_step(batch, masked_nll)
+  after_save = policy.train_step(batch, nll_loss)
   after_save_weights = dict(policy.named_weights())
-  policy.train_step(batch, masked_nll)
+  policy.train_step(batch, nll_loss)
   assert policy.step == 3
   policy.restore(str(tmp_path))
   assert policy.step == 1
   for name, arr in policy.named_weights():
     np.testing.assert_array_equal(arr, saved[name], err_msg=name)
   # The Adam moments and step came back too: the next step repeats the first post-save step.
-  assert policy.train_step(batch, masked_nll) == after_save
+  assert policy.train_step(batch, nll_loss) == after_save
   for name, arr in policy.named_weights():
     np.testing.assert_array_equal(arr, after_save_weights[name], err_msg=name)
 

@@ -6,7 +6,8 @@ import pytest
 from dockyard.policy import TrainBatch
 from dockyard.trainer_jax import hf_io
 from dockyard.trainer_jax import sharding as shd
-from dockyard.trainer_jax.policy import JaxPolicy, masked_nll
+from dockyard.trainer_jax.loss import nll_loss
+from dockyard.trainer_jax.policy import JaxPolicy
 
 
 def _policy(path, config, **optim):
@@ -70,10 +71,10 @@ def test_loss_counts_only_completion_tokens_and_remat_changes_nothing(tiny_model
   assert lp.shape == batch.input_ids.shape and np.all(lp[:, 0] == 0)
   assert np.all(lp[batch.attention_mask == 0] == 0)
   expected = -(lp * batch.loss_mask).sum() / batch.loss_mask.sum()
-  m = plain.train_step(batch, masked_nll)
+  m = plain.train_step(batch, nll_loss)
   assert abs(m["loss"] - expected) <= 1e-5, (m["loss"], expected)
-  assert m["num_tokens"] == batch.loss_mask.sum()
-  r = remat.train_step(batch, masked_nll)
+  assert abs(m["nll"] - expected) <= 1e-5   # the loss is the NLL over the completion tokens alone
+  r = remat.train_step(batch, nll_loss)
   assert abs(r["loss"] - m["loss"]) <= 1e-6 and abs(r["grad_norm"] - m["grad_norm"]) <= 1e-5
   pp, pr = _params(plain), _params(remat)
   for name in pp:
@@ -95,24 +96,24 @@ def test_same_bucket_does_not_recompile_and_lr_follows_schedule(tiny_models, con
       lambda event, secs, **kw: compiles.append(event) if event == "/jax/core/compile/backend_compile_duration" else None)
   policy = _policy(tiny_models["qwen3"], config, warmup_steps=2, lr=1e-3, end_lr_factor=0.1)
   vocab = policy.model.config.vocab_size
-  first = policy.train_step(_batch(vocab, t=40, seed=0), masked_nll)
+  first = policy.train_step(_batch(vocab, t=40, seed=0), nll_loss)
   n = len(compiles)
   lrs = [first["lr"]]
   for t in (33, 50, 64):  # all pad to 64
-    lrs.append(policy.train_step(_batch(vocab, t=t, seed=t), masked_nll)["lr"])
+    lrs.append(policy.train_step(_batch(vocab, t=t, seed=t), nll_loss)["lr"])
   assert len(compiles) == n, f"{len(compiles) - n} recompiles for lengths within one bucket"
   assert policy.step == 4
   np.testing.assert_allclose(lrs[:3], [0.0, 5e-4, 1e-3], rtol=1e-6)  # linear warmup over 2 steps
   assert lrs[3] < 1e-3  # cosine decay has begun
   policy.set_lr(3e-3)  # SFT-style constant rate, no recompile
   for _ in range(2):
-    assert policy.train_step(_batch(vocab, t=40), masked_nll)["lr"] == pytest.approx(3e-3)
+    assert policy.train_step(_batch(vocab, t=40), nll_loss)["lr"] == pytest.approx(3e-3)
   assert len(compiles) == n
   policy.set_lr(None)
   # The two override steps did not advance the schedule: it resumes at its step 4, not 6.
   from dockyard.trainer_jax import train
   sched = train.lr_schedule(policy.optim, policy.total_steps)
-  assert policy.train_step(_batch(vocab, t=40), masked_nll)["lr"] == pytest.approx(float(sched(4)), rel=1e-6)
+  assert policy.train_step(_batch(vocab, t=40), nll_loss)["lr"] == pytest.approx(float(sched(4)), rel=1e-6)
   assert float(sched(4)) != pytest.approx(float(sched(6)))
   with pytest.raises(ValueError, match="learning rate"):
     policy.set_lr(-1.0)
@@ -150,14 +151,14 @@ def test_warm_start_steps_do_not_advance_the_schedule_in_the_update(tiny_models,
   vocab = policy.model.config.vocab_size
   policy.set_lr(3e-3)
   for seed in range(3):
-    policy.train_step(_batch(vocab, t=40, seed=seed), masked_nll)
+    policy.train_step(_batch(vocab, t=40, seed=seed), nll_loss)
   policy.set_lr(None)
   before = {k: np.array(v) for k, v in policy.named_weights()}
-  assert policy.train_step(_batch(vocab, t=40, seed=9), masked_nll)["lr"] == 0.0
+  assert policy.train_step(_batch(vocab, t=40, seed=9), nll_loss)["lr"] == 0.0
   after = dict(policy.named_weights())
   for k, v in before.items():
     np.testing.assert_array_equal(after[k], v, err_msg=k)
-  assert policy.train_step(_batch(vocab, t=40, seed=10), masked_nll)["lr"] == pytest.approx(5e-4)
+  assert policy.train_step(_batch(vocab, t=40, seed=10), nll_loss)["lr"] == pytest.approx(5e-4)
   assert any(not np.array_equal(np.asarray(v), before[k]) for k, v in policy.named_weights())
 
 
@@ -176,10 +177,10 @@ def test_bad_batches_are_rejected(tiny_models, config):
   policy = _policy(tiny_models["qwen2"], config)
   b = _batch(policy.model.config.vocab_size)
   with pytest.raises(ValueError, match="loss_mask shape"):
-    policy.train_step(TrainBatch(b.input_ids, b.attention_mask, b.loss_mask[:, :3]), masked_nll)
+    policy.train_step(TrainBatch(b.input_ids, b.attention_mask, b.loss_mask[:, :3]), nll_loss)
   with pytest.raises(ValueError, match="batch dimension 3"):
     policy.train_step(TrainBatch(b.input_ids, b.attention_mask, b.loss_mask,
-                                 {"advantages": np.zeros(3, np.float32)}), masked_nll)
+                                 {"advantages": np.zeros(3, np.float32)}), nll_loss)
 
 
 def _left_padded(b: TrainBatch) -> TrainBatch:
@@ -195,7 +196,7 @@ def test_left_padding_and_bad_temperature_are_rejected(tiny_models, config):
   policy = _policy(tiny_models["qwen2"], config)
   b = _batch(policy.model.config.vocab_size)
   left = _left_padded(b)
-  for call in (lambda: policy.logprobs(left), lambda: policy.train_step(left, masked_nll)):
+  for call in (lambda: policy.logprobs(left), lambda: policy.train_step(left, nll_loss)):
     with pytest.raises(ValueError, match="not right-padded"):
       call()
   for t in (0.0, -1.0, float("nan")):
@@ -208,8 +209,8 @@ def test_temperature_divides_the_logits_in_logprobs_and_train_step(tiny_models, 
   """logprobs(batch at T) is log_softmax(logits / T); train_step feeds the loss the same: with
   prev = logprobs at T the PPO ratio is exactly 1, with the raw T=1 logprobs it is not."""
   import jax.numpy as jnp
-  from dockyard.grpo import loss_jax
   from dockyard.grpo.loss_spec import LossConfig
+  from dockyard.trainer_jax import loss as jax_loss
   policy = _policy(tiny_models["qwen2"], config)
   policy.set_lr(0.0)   # weights stay put, so both steps below see the same model
   b = _batch(policy.model.config.vocab_size, seed=3)
@@ -221,7 +222,7 @@ def test_temperature_divides_the_logits_in_logprobs_and_train_step(tiny_models, 
   np.testing.assert_allclose(lp_hot[:, 1:], want, atol=1e-5)
   m = b.loss_mask > 0
   assert np.abs(lp_hot - lp_raw)[m].mean() > 0.01   # T=0.7 is another distribution (>> 1e-5)
-  pg = loss_jax.make_pg_loss(LossConfig(use_importance_sampling_correction=False))
+  pg = jax_loss.make_pg_loss(LossConfig(use_importance_sampling_correction=False))
 
   def loss(lp, mask, extras):   # the PG loss, plus how far the trained logprobs are from prev
     value, metrics = pg(lp, mask, extras)

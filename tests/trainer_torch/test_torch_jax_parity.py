@@ -1,16 +1,10 @@
 """Parity with the JAX backend: one HF checkpoint, one batch -> the same logprobs, loss, metrics,
 gradient norm and, after one AdamW step, the same weights (HF layout, through each side's
-name-map path). Skips, naming the reason, when the JAX trainer's `JaxPolicy` is not present."""
-import importlib.util
-
+name-map path)."""
 import numpy as np
 import pytest
 
 import torch_common
-
-if importlib.util.find_spec("dockyard.trainer_jax.policy") is None:
-  pytest.skip("dockyard.trainer_jax.policy (JaxPolicy, branch 'trainer') is not in this tree",
-              allow_module_level=True)
 
 
 @pytest.fixture(scope="module")
@@ -41,14 +35,14 @@ def test_same_checkpoint_same_weights_and_logprobs(both):
 
 
 def test_one_train_step_matches(both):
-  from dockyard.grpo import loss_jax
-  from dockyard.trainer_torch import loss as loss_torch
+  from dockyard.trainer_jax import loss as jax_loss
+  from dockyard.trainer_torch import loss as torch_loss
   torch_policy, jax_policy, cfg = both
   lc = torch_common.loss_config(cfg)
   batch = torch_common.make_batch(seed=6)
   batch = torch_common.with_prev(batch, torch_policy.logprobs(batch))
-  m_t = torch_policy.train_step(batch, loss_torch.make_pg_loss(lc))
-  m_j = jax_policy.train_step(batch, loss_jax.make_pg_loss(lc))
+  m_t = torch_policy.train_step(batch, torch_loss.make_pg_loss(lc))
+  m_j = jax_policy.train_step(batch, jax_loss.make_pg_loss(lc))
   assert m_t["grad_norm"] > cfg.optim.max_grad_norm   # both clip
   for k in ("loss", "pg_loss", "clip_fraction", "ratio_mean", "is_weight_mean", "grad_norm", "lr"):
     assert m_t[k] == pytest.approx(m_j[k], rel=1e-4, abs=1e-6), k

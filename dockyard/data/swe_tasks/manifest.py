@@ -63,7 +63,8 @@ def write_outputs(opts: Options, packages: list[repos.Package], results: dict[st
                "FAIL_TO_PASS and passes every PASS_TO_PASS test 3/3; the gold-patched tree (checked identical "
                "to the pristine tree) passes all listed tests 3/3 (3 shared pristine runs per test-file set); "
                "flaky tests (differing over 3 baseline runs) never listed"),
-          sandbox="not yet: run `python -m dockyard.data.validate_swe` once dockyard.sandbox lands"),
+          sandbox=("run separately, not recorded here: `python -m dockyard.data.validate_swe` checks "
+                   "gold resolves and empty fails through dockyard.sandbox")),
       git=dict(identity=repos.GIT_IDENTITY, pristine_tag=repos.PRISTINE_TAG,
                task_ref="refs/tags/<instance_id>", repos_dir="$DOCKYARD_REPOS_DIR or ~/.cache/dockyard/repos"),
       packages=[dataclasses.asdict(p) for p in packages],

@@ -6,8 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dockyard.grpo import loss_jax, loss_spec
+from dockyard.grpo import loss_spec
 from dockyard.grpo.loss_spec import LossConfig
+from dockyard.trainer_jax import loss as jax_loss
 
 
 random_batch = loss_spec.random_batch
@@ -103,7 +104,7 @@ def test_jax_matches_spec_and_microbatches_sum(cfg):
   rng = np.random.default_rng(hash(cfg) % 2**32)
   lp, mask, extras = random_batch(rng, per_token_adv=cfg.ratio_level == "token")
   want, want_m = loss_spec.clipped_pg_loss(lp, mask, extras, cfg)
-  got, got_m = loss_jax.make_pg_loss(cfg)(jnp.asarray(lp), jnp.asarray(mask), extras)
+  got, got_m = jax_loss.make_pg_loss(cfg)(jnp.asarray(lp), jnp.asarray(mask), extras)
   assert float(got) == pytest.approx(want, rel=1e-5, abs=1e-6)
   for k, v in want_m.items():
     assert float(got_m[k]) == pytest.approx(v, rel=1e-5, abs=1e-6), k
@@ -114,7 +115,7 @@ def test_jax_matches_spec_and_microbatches_sum(cfg):
   for sl in (slice(0, 2), slice(2, 3), slice(3, 5)):
     sub = {k: v[sl] for k, v in extras.items()} | totals
     parts_np += loss_spec.clipped_pg_loss(lp[sl], mask[sl], sub, cfg)[0]
-    l, mm = loss_jax.clipped_pg_loss(jnp.asarray(lp[sl]), mask[sl], sub, cfg)
+    l, mm = jax_loss.clipped_pg_loss(jnp.asarray(lp[sl]), mask[sl], sub, cfg)
     parts_jax += float(l)
     for k in metric_sum:
       metric_sum[k] += float(mm[k])
@@ -131,13 +132,13 @@ def test_padding_changes_nothing(level, norm):
   cfg = LossConfig(reference_policy_kl_penalty=0.1, ratio_level=level, normalization=norm,
                    max_completion_tokens=12)
   lp, mask, extras = random_batch(rng)
-  base = float(loss_jax.clipped_pg_loss(jnp.asarray(lp), mask, extras, cfg)[0])
+  base = float(jax_loss.clipped_pg_loss(jnp.asarray(lp), mask, extras, cfg)[0])
   # Extra right-padding columns and an all-padding row, filled with garbage.
   pad = lambda x: np.pad(x, ((0, 1), (0, 4)), constant_values=-7.0)
   padded_extras = {k: (pad(v) if v.ndim == 2 else np.pad(v, (0, 1), constant_values=5.0))
                    for k, v in extras.items()}
   padded_mask = np.pad(mask, ((0, 1), (0, 4)))
-  got = float(loss_jax.clipped_pg_loss(jnp.asarray(pad(lp)), padded_mask, padded_extras, cfg)[0])
+  got = float(jax_loss.clipped_pg_loss(jnp.asarray(pad(lp)), padded_mask, padded_extras, cfg)[0])
   assert got == pytest.approx(base, rel=1e-6)
   assert np.isfinite(got)
 
@@ -146,7 +147,7 @@ def test_jax_gradient_matches_finite_differences_of_spec():
   rng = np.random.default_rng(2)
   cfg = LossConfig(reference_policy_kl_penalty=0.05, ratio_clip_c=3.0)
   lp, mask, extras = random_batch(rng, b=3, t=5)
-  grad = np.asarray(jax.jit(jax.grad(lambda x: loss_jax.clipped_pg_loss(x, mask, extras, cfg)[0]))(jnp.asarray(lp)))
+  grad = np.asarray(jax.jit(jax.grad(lambda x: jax_loss.clipped_pg_loss(x, mask, extras, cfg)[0]))(jnp.asarray(lp)))
   lp64 = lp.astype(np.float64)
   fd = np.zeros_like(lp64)
   for idx in np.ndindex(lp.shape):
@@ -165,7 +166,7 @@ def test_no_gradient_through_prev_generation_reference():
   lp, mask, extras = random_batch(rng, b=2, t=4)
   for key in ("prev_logprobs", "generation_logprobs", "reference_logprobs", "advantages"):
     def f(x):
-      return loss_jax.clipped_pg_loss(jnp.asarray(lp), mask, {**extras, key: x}, cfg)[0]
+      return jax_loss.clipped_pg_loss(jnp.asarray(lp), mask, {**extras, key: x}, cfg)[0]
     g = jax.grad(f)(jnp.asarray(extras[key]))
     assert float(jnp.abs(g).max()) == 0.0, key
 
@@ -175,7 +176,7 @@ def test_missing_extras_are_named():
   extras = dict(advantages=np.ones(1), prev_logprobs=np.zeros((1, 2)), generation_logprobs=np.zeros((1, 2)))
   loss_spec.clipped_pg_loss(lp, mask, extras, LossConfig())   # kl 0: no reference needed
   with pytest.raises(KeyError, match="reference_logprobs"):
-    loss_jax.clipped_pg_loss(jnp.asarray(lp), mask, extras, LossConfig(reference_policy_kl_penalty=0.1))
+    jax_loss.clipped_pg_loss(jnp.asarray(lp), mask, extras, LossConfig(reference_policy_kl_penalty=0.1))
   with pytest.raises(ValueError, match="normalization"):
     LossConfig(normalization="token_mean")
   with pytest.raises(ValueError, match="ratio_level"):
@@ -188,9 +189,9 @@ def test_nll_matches_spec_and_microbatches():
   rng = np.random.default_rng(4)
   lp, mask, _ = random_batch(rng)
   want = loss_spec.nll_loss(lp, mask, {})[0]
-  assert float(loss_jax.nll_loss(jnp.asarray(lp), mask, {})[0]) == pytest.approx(want, rel=1e-6)
+  assert float(jax_loss.nll_loss(jnp.asarray(lp), mask, {})[0]) == pytest.approx(want, rel=1e-6)
   assert want == pytest.approx(-(lp * mask).sum() / mask.sum())
   tot = dict(total_tokens=np.float32(mask.sum()))
-  parts = sum(float(loss_jax.nll_loss(jnp.asarray(lp[s]), mask[s], tot)[0])
+  parts = sum(float(jax_loss.nll_loss(jnp.asarray(lp[s]), mask[s], tot)[0])
               for s in (slice(0, 3), slice(3, 5)))
   assert parts == pytest.approx(want, rel=1e-5)

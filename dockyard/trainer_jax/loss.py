@@ -1,4 +1,5 @@
-"""The clipped policy-gradient loss and the SFT NLL loss in JAX, following `loss_spec.py` exactly.
+"""The clipped policy-gradient loss and the SFT NLL loss in JAX, following `dockyard.grpo.loss_spec`
+exactly (as `dockyard.trainer_torch.loss` does in torch; each backend's loss sits beside its trainer).
 
 Both are `dockyard.policy.LossFn`s: `fn(logprobs [B,T], loss_mask [B,T], extras) -> (loss,
 metrics)`, traceable under `jax.jit`/`jax.grad`. Only `logprobs` carries gradient: prev,
