@@ -138,10 +138,10 @@ def dockyard_config(s: dict):
   g.dynamic_sampling = False
   g.sft_warmup.steps = 0
   g.async_grpo.enabled = False
-  lf = c.loss_fn
-  lf.reference_policy_kl_penalty = s["beta"]
-  lf.ratio_clip_min, lf.ratio_clip_max = 0.2, 0.28
-  lf.ratio_level, lf.normalization = "token", "token"
+  loss = c.loss_fn
+  loss.reference_policy_kl_penalty = s["beta"]
+  loss.ratio_clip_min, loss.ratio_clip_max = 0.2, 0.28
+  loss.ratio_level, loss.normalization = "token", "token"
   r = c.rollout
   r.max_new_tokens, r.max_model_len = s["max_new_tokens"], s["max_model_len"]
   r.temperature, r.top_p, r.val_temperature = 1.0, 1.0, 0.0
@@ -158,7 +158,7 @@ def dockyard_config(s: dict):
 def trl_args(s: dict, config, output_dir: str):
   """The `GRPOConfig` that mirrors `config` (see the module docstring, field by field)."""
   from trl import GRPOConfig
-  grpo, lf, optim, rollout = config.grpo, config.loss_fn, config.optim, config.rollout
+  grpo, loss, optim, rollout = config.grpo, config.loss_fn, config.optim, config.rollout
   batch = grpo.num_prompts_per_step * grpo.num_generations_per_prompt
   if batch % optim.micro_batch_size:
     raise ValueError(f"prompts x generations ({batch}) must be a multiple of the micro-batch "
@@ -173,8 +173,8 @@ def trl_args(s: dict, config, output_dir: str):
       learning_rate=float(optim.lr), lr_scheduler_type="constant", warmup_steps=0,
       adam_beta1=float(optim.b1), adam_beta2=float(optim.b2), adam_epsilon=float(optim.eps),
       weight_decay=float(optim.weight_decay), max_grad_norm=float(optim.max_grad_norm),
-      beta=float(lf.reference_policy_kl_penalty), use_bias_correction_kl=False,
-      epsilon=float(lf.ratio_clip_min), epsilon_high=float(lf.ratio_clip_max),
+      beta=float(loss.reference_policy_kl_penalty), use_bias_correction_kl=False,
+      epsilon=float(loss.ratio_clip_min), epsilon_high=float(loss.ratio_clip_max),
       num_iterations=int(grpo.num_minibatches), loss_type="dapo", importance_sampling_level="token",
       scale_rewards="none", mask_truncated_completions=False,
       temperature=float(rollout.temperature), top_p=float(rollout.top_p), top_k=0,

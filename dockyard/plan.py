@@ -54,20 +54,20 @@ class RunPlan:
 
 
 def make_plan(config: ml_collections.ConfigDict) -> RunPlan:
-  cl = config.cluster
+  cluster = config.cluster
   devices = validate._mesh_devices(config)
   mesh_shape = validate.resolve_mesh_shape(config.mesh.shape, devices)
-  gpu = cl.accelerators_per_node > 0
+  gpu = cluster.accelerators_per_node > 0
   unit = "GPU" if gpu else "CPU"
-  if cl.colocated or not gpu:
+  if cluster.colocated or not gpu:
     trainer_nodes = "node 0"
     inference_nodes = "node 0 (colocated with the trainer)"
   else:
-    trainer_nodes = f"nodes 0-{cl.trainer_nodes - 1}"
-    first = cl.trainer_nodes
-    inference_nodes = f"nodes {first}-{first + cl.inference_nodes - 1}"
+    trainer_nodes = f"nodes 0-{cluster.trainer_nodes - 1}"
+    first = cluster.trainer_nodes
+    inference_nodes = f"nodes {first}-{first + cluster.inference_nodes - 1}"
   fleets = [
-      Fleet("trainer", cl.trainer_nodes, {unit: cl.accelerators_per_node or devices},
+      Fleet("trainer", cluster.trainer_nodes, {unit: cluster.accelerators_per_node or devices},
             "jax.distributed (one process per node)" if config.policy.backend == "jax" else "torchrun",
             trainer_nodes),
       Fleet("rollout", config.rollout.num_engines,

@@ -91,10 +91,10 @@ def check_overrides(config: ml_collections.ConfigDict, argv: Sequence[str]) -> N
 
 
 def _mesh_devices(config) -> int:
-  cl = config.cluster
-  if cl.accelerators_per_node > 0:
-    return cl.trainer_nodes * cl.accelerators_per_node
-  return cl.cpu_devices
+  cluster = config.cluster
+  if cluster.accelerators_per_node > 0:
+    return cluster.trainer_nodes * cluster.accelerators_per_node
+  return cluster.cpu_devices
 
 
 def resolve_mesh_shape(shape: Sequence[int], num_devices: int, key: str = "mesh.shape") -> tuple[int, ...]:
@@ -164,13 +164,13 @@ def validate(config: ml_collections.ConfigDict) -> None:
     if grpo.async_grpo.on_timeout not in ("drop", "retry"):
       raise ConfigError("grpo.async_grpo.on_timeout",
                         f"must be 'drop' or 'retry', got {grpo.async_grpo.on_timeout!r}")
-  lf = config.loss_fn
-  if lf.ratio_level not in ("token", "sequence"):
-    raise ConfigError("loss_fn.ratio_level", f"must be 'token' or 'sequence', got {lf.ratio_level!r}")
-  if lf.normalization not in ("token", "sequence", "constant"):
+  loss = config.loss_fn
+  if loss.ratio_level not in ("token", "sequence"):
+    raise ConfigError("loss_fn.ratio_level", f"must be 'token' or 'sequence', got {loss.ratio_level!r}")
+  if loss.normalization not in ("token", "sequence", "constant"):
     raise ConfigError("loss_fn.normalization",
-                      f"must be 'token', 'sequence' or 'constant' (Dr. GRPO), got {lf.normalization!r}")
-  if lf.ratio_clip_min < 0 or lf.ratio_clip_max < 0:
+                      f"must be 'token', 'sequence' or 'constant' (Dr. GRPO), got {loss.normalization!r}")
+  if loss.ratio_clip_min < 0 or loss.ratio_clip_max < 0:
     raise ConfigError("loss_fn.ratio_clip_min", "clip epsilons must be >= 0")
   if len(config.mesh.shape) != len(config.mesh.axes):
     raise ConfigError("mesh.shape", f"{tuple(config.mesh.shape)} has {len(config.mesh.shape)} entries "

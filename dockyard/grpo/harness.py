@@ -151,8 +151,8 @@ class Validator:
     self.config, self.policy, self.generator, self.env, self.tokenizer = config, policy, generator, env, tokenizer
     self.tasks = list(val_tasks)[:config.grpo.max_val_samples]
     self.settings, self.run_coro = settings, run_coro
-    ck = config.checkpoint
-    self.best = checkpoints.BestK(ckpt_root, ck.keep_top_k, ck.metric_mode)
+    ckpt = config.checkpoint
+    self.best = checkpoints.BestK(ckpt_root, ckpt.keep_top_k, ckpt.metric_mode)
     self.history: list[dict] = []
 
   def due(self, step: int) -> bool:
@@ -160,7 +160,7 @@ class Validator:
     return bool(self.tasks) and val_period > 0 and step % val_period == 0
 
   def __call__(self, step: int) -> dict:
-    ck, times = self.config.checkpoint, {}
+    ckpt, times = self.config.checkpoint, {}
     samples: list[dict] = []
     with timed(times, "validate"):
       val = run_validation(self.generator, self.env, self.tokenizer, self.tasks, self.settings.val_sampling,
@@ -169,11 +169,11 @@ class Validator:
       workdir_lib.append_jsonl(self.samples_path, ({"step": step, **rec} for rec in samples))
     val.update(times)
     self.history.append({"step": step, **val})
-    if ck.enabled:
-      if ck.metric not in val:
-        raise ValueError(f"config.checkpoint.metric {ck.metric!r} is not a validation metric of "
+    if ckpt.enabled:
+      if ckpt.metric not in val:
+        raise ValueError(f"config.checkpoint.metric {ckpt.metric!r} is not a validation metric of "
                          f"env {self.config.env.name!r}; it reports {sorted(val)}")
-      val["checkpoint/saved_best"] = float(self.best.offer(step, val[ck.metric], self.policy.save))
+      val["checkpoint/saved_best"] = float(self.best.offer(step, val[ckpt.metric], self.policy.save))
     return val
 
 
@@ -229,8 +229,8 @@ def start_run(config, *, policy: Policy, synchronizer, env, tokenizer, train_tas
 
 
 def save_due(config, step: int) -> bool:
-  ck = config.checkpoint
-  return bool(ck.enabled) and (step % ck.save_period == 0 or step == config.grpo.max_num_steps)
+  ckpt = config.checkpoint
+  return bool(ckpt.enabled) and (step % ckpt.save_period == 0 or step == config.grpo.max_num_steps)
 
 
 def save_latest(ckpt_root: str, policy: Policy, step: int, source_state: Mapping[str, Any]) -> None:

@@ -91,14 +91,14 @@ class LossConfig:
   @classmethod
   def from_config(cls, config) -> "LossConfig":
     """From the experiment config: `config.loss_fn.*` and `config.rollout.max_new_tokens`."""
-    lf = config.loss_fn
+    loss = config.loss_fn
     return cls(
-        ratio_clip_min=float(lf.ratio_clip_min), ratio_clip_max=float(lf.ratio_clip_max),
-        ratio_clip_c=float(lf.ratio_clip_c),
-        reference_policy_kl_penalty=float(lf.reference_policy_kl_penalty),
-        use_importance_sampling_correction=bool(lf.use_importance_sampling_correction),
-        truncated_importance_sampling_ratio=float(lf.truncated_importance_sampling_ratio),
-        ratio_level=str(lf.ratio_level), normalization=str(lf.normalization),
+        ratio_clip_min=float(loss.ratio_clip_min), ratio_clip_max=float(loss.ratio_clip_max),
+        ratio_clip_c=float(loss.ratio_clip_c),
+        reference_policy_kl_penalty=float(loss.reference_policy_kl_penalty),
+        use_importance_sampling_correction=bool(loss.use_importance_sampling_correction),
+        truncated_importance_sampling_ratio=float(loss.truncated_importance_sampling_ratio),
+        ratio_level=str(loss.ratio_level), normalization=str(loss.normalization),
         max_completion_tokens=int(config.rollout.max_new_tokens))
 
 

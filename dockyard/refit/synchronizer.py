@@ -72,8 +72,8 @@ def pick_transport_name(config: Any, generator: Generator) -> str:
     return name
   if generator.in_process:
     return "inprocess"
-  cl = config.cluster
-  if cl.accelerators_per_node > 0 and not cl.colocated:
+  cluster = config.cluster
+  if cluster.accelerators_per_node > 0 and not cluster.colocated:
     return "nccl"
   return "object_store"
 

@@ -108,16 +108,16 @@ def start_local_fleet(config, repos_dir: str | None = None, cache_dir: str | Non
   from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
   from dockyard.sandbox.isolation import Limits
-  sb = config.sandbox
-  n = int(sb.num_executors)
+  sandbox = config.sandbox
+  n = int(sandbox.num_executors)
   if n < 1:
     raise ValueError(f"config.sandbox.num_executors: expected >= 1, got {n}")
-  slots = int(sb.slots)          # 0: each executor uses its node's cores
-  limits = {k: v for k, v in vars(Limits.from_config(sb)).items()}
+  slots = int(sandbox.slots)          # 0: each executor uses its node's cores
+  limits = {k: v for k, v in vars(Limits.from_config(sandbox)).items()}
   local = not (config.run.get("ray_address", "") if "run" in config else "")
   # The same bundles the launcher's plan prints: the executor's own CPUs. Its sandboxes are
   # ordinary processes on that node, limited by `slots`, not by Ray.
-  cpus = float(sb.cpus_per_executor) if sb.get("cpus_per_executor", 0) > 0 else max(int(sb.slots), 1)
+  cpus = float(sandbox.cpus_per_executor) if sandbox.get("cpus_per_executor", 0) > 0 else max(int(sandbox.slots), 1)
   pg = placement_group([{"CPU": cpus}] * n, strategy="SPREAD")
   ray.get(pg.ready(), timeout=120)
   actor_cls = ray.remote(num_cpus=cpus)(_ExecutorServer)
@@ -126,8 +126,8 @@ def start_local_fleet(config, repos_dir: str | None = None, cache_dir: str | Non
     bind = host or ("127.0.0.1" if local else ray.util.get_node_ip_address())
     actors.append(actor_cls.options(
         scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i)
-    ).remote(bind, int(sb.port) if not local else 0, slots, int(sb.queue_size), limits,
-             repos_dir or sb.get("repos_dir") or None, cache_dir or sb.get("cache_dir") or None))
+    ).remote(bind, int(sandbox.port) if not local else 0, slots, int(sandbox.queue_size), limits,
+             repos_dir or sandbox.get("repos_dir") or None, cache_dir or sandbox.get("cache_dir") or None))
   handle = FleetHandle(actors, pg)
   try:
     urls = ray.get([a.url.remote() for a in actors], timeout=120)
