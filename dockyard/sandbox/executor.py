@@ -6,29 +6,40 @@ Steps: static integrity checks on the agent's patch; the cached tree for (repo, 
 private view (a spare one started during the previous run of the same tree, if any); the apply
 cascade (`git apply`, `git apply --3way`, `patch --fuzz`, the view reset between tries);
 held-out files forced back to base_commit and files the test_patch adds removed; the test_patch
-applied (when the first method applies, all this is one sandbox run); a randomly named canary
-test and poisoned twins of some FAIL_TO_PASS tests added (the executor answers, per item and
-only after its body ran, which items are twins); pytest run under bubblewrap through our launcher (trusted imports before any repo
-code, configuration on a pipe it consumes) with our reporting plugin writing to a pipe; what the
-run wrote checked; grading. A patch that does not apply, a missing repo or a timeout is a
-verdict with a reason, never an exception. Threat model: docs/sandbox-integrity.md.
+applied; a randomly named canary test and poisoned twins of some FAIL_TO_PASS tests added (the
+executor answers, per item and only after its body ran, which items are twins); pytest run under
+bubblewrap through our launcher (trusted imports before any repo code, configuration on a pipe
+it consumes) with our reporting plugin writing to a pipe; what the run wrote checked; grading.
+
+The common case is ONE sandbox run: a patch with no finding that touches no config file needs
+nothing restored and no config read between apply and tests, so the test_patch is applied on the
+host (to copies from the cached tree, once per tree), the canary and twins are written, and the
+sandbox applies the agent's patch with `git apply` and, in the same process, becomes pytest. If
+it does not apply, the view is reset and the cascade goes on as above (apply, restore and test
+runs). A patch that does not apply, a missing repo or a timeout is a verdict with a reason,
+never an exception. Threat model: docs/sandbox-integrity.md.
 """
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
+import hashlib
 import json
 import os
 import posixpath
 import secrets
 import shlex
+import shutil
 import sys
+import tempfile
 import time
 from typing import Any
 
 from dockyard.sandbox import grading, integrity, twins
 from dockyard.sandbox.cache import RepoCache, RepoError
-from dockyard.sandbox.isolation import WORKDIR, Limits, View, pipe_with, check_host
+from dockyard.sandbox.isolation import (SANDBOX_UID, WORKDIR, Limits, Output, View,
+                                        check_host, pipe_with)
 from dockyard.sandbox.task import Task, parse_task
 
 __all__ = ["Executor", "Limits"]
@@ -100,6 +111,7 @@ class Executor:
     self._sem = asyncio.Semaphore(self.slots)
     self.running = 0
     self._spares: dict[str, asyncio.Future[View]] = {}   # lower tree -> a view being started
+    self._tested: collections.OrderedDict = collections.OrderedDict()   # see _test_patched
 
   async def run(self, task: dict) -> dict:
     """Grades one task (raises TaskError on a malformed one); returns the verdict dict."""
@@ -182,26 +194,55 @@ class Executor:
   async def _in_view(self, task: Task, v: Verdict, view: View, lower: str,
                      test_patch_paths: list[str]) -> None:
     agent_paths = integrity.patch_paths(task.patch)
+    tried = None
+    if not v.findings and not any(posixpath.basename(p) in integrity.SECTIONED_CONFIG_FILES
+                                  for p in agent_paths):
+      # The common case in ONE sandbox run (each costs a bwrap start): a patch with no finding
+      # touches no held-out, test or config file, so nothing needs restoring and no config needs
+      # reading between apply and tests. The test_patch is applied on the host (once per tree),
+      # then the sandbox applies the agent's patch and, in the same process, becomes pytest.
+      with _Timer(v.timings, "apply"):
+        tested = await self._test_patched(lower, task.test_patch)
+        if tested is not None:
+          for path, content in tested.items():
+            _write_into(view, path, content)
+      if tested is not None:
+        tried = await self._test_and_grade(view, task, v, lower, apply_first=True)
+        if tried is None:
+          return
+        await view.reset()   # `git apply` failed: the rest of the cascade, on a fresh view
+    await self._apply_and_restore(task, v, view, lower, test_patch_paths, agent_paths, tried)
+    if v.patch_applied and not v.reason:
+      await self._test_and_grade(view, task, v, lower, apply_first=False)
+
+  async def _apply_and_restore(self, task: Task, v: Verdict, view: View, lower: str,
+                               test_patch_paths: list[str], agent_paths: list[str],
+                               tried: str | None) -> None:
+    """The apply cascade (after `tried`, the first method's log, if it ran already), then the
+    held-out files forced back to base_commit and the test_patch applied, in the sandbox; sets
+    `v.reason` when the patch or the test_patch does not apply."""
     protected = list(dict.fromkeys(test_patch_paths + list(task.test_files)
                                    + [p for p in agent_paths if integrity.is_protected(p)]))
     restore, added = self._restore_script(view, lower, task, protected, test_patch=True)
     restore_res = None
     with _Timer(v.timings, "apply"):
       patch_in = view.write_input("agent.diff", task.patch)
-      log = []
-      # The common case in one sandbox run (each costs a bwrap start): the first method applies,
-      # then the held-out files are restored and the test_patch applied.
-      name, argv = APPLY_CASCADE[0]
-      mark = f"restore-{secrets.token_hex(8)}"   # random: no patch output can forge it
-      script = (" ".join(_sh(a) for a in [*argv, patch_in]) + f" || exit {_APPLY_FAILED}\n"
-                f"echo {mark}\n" + restore)
-      res = await view.exec(["sh", "-c", script, "restore", *added], env=_GIT_ENV, timeout_s=60)
-      applied_out, marked, restore_out = res.output.text().partition(f"{mark}\n")
-      log.append(f"$ {name}\n{applied_out}")
-      if marked:
-        v.patch_applied, v.apply_method = True, name
-        restore_res = (res.exit_code, restore_out)
-      else:
+      log = [tried] if tried is not None else []
+      if tried is None:
+        # In one sandbox run: the first method applies, then the held-out files are restored
+        # and the test_patch applied.
+        name, argv = APPLY_CASCADE[0]
+        mark = f"restore-{secrets.token_hex(8)}"   # random: no patch output can forge it
+        script = (" ".join(_sh(a) for a in [*argv, patch_in]) + f" || exit {_APPLY_FAILED}\n"
+                  f"echo {mark}\n" + restore)
+        res = await view.exec(["sh", "-c", script, "restore", *added], env=_GIT_ENV,
+                              timeout_s=60)
+        applied_out, marked, restore_out = res.output.text().partition(f"{mark}\n")
+        log.append(f"$ {name}\n{applied_out}")
+        if marked:
+          v.patch_applied, v.apply_method = True, name
+          restore_res = (res.exit_code, restore_out)
+      if not v.patch_applied:
         for name, argv in APPLY_CASCADE[1:]:
           await view.reset()
           res = await view.exec([*argv, patch_in], env=_GIT_ENV, timeout_s=60)
@@ -241,6 +282,54 @@ class Executor:
     if task.test_patch.strip():  # the tests must not read which functions the test_patch adds
       os.remove(view.host_path("in", "test.diff"))
 
+  async def _test_patched(self, lower: str, test_patch: str) -> dict[str, bytes | None] | None:
+    """The files the test_patch touches, as it leaves them (None: deleted), applied on the host
+    to copies from `lower` and cached per (tree, test_patch); None when it does not apply
+    cleanly there (the sandbox path then reports why) or touches a symlink."""
+    if not test_patch.strip():
+      return {}
+    key = (lower, hashlib.sha256(test_patch.encode()).hexdigest())
+    if key in self._tested:
+      self._tested.move_to_end(key)
+      return self._tested[key]
+    paths = integrity.patch_paths(test_patch)
+    if any(p.startswith("/") or ".." in p.split("/") or ".git" in p.split("/") for p in paths):
+      return None   # not on the host: the sandbox path applies it (and says why it fails)
+    result: dict[str, bytes | None] | None = {}
+    with tempfile.TemporaryDirectory(prefix="dockyard-testpatch-") as tmp:
+      for path in paths:
+        src = os.path.join(lower, path)
+        if os.path.islink(src) or (os.path.lexists(src) and not os.path.isfile(src)):
+          return None
+        if os.path.isfile(src):
+          os.makedirs(os.path.dirname(os.path.join(tmp, path)), exist_ok=True)
+          shutil.copyfile(src, os.path.join(tmp, path))
+      proc = await asyncio.create_subprocess_exec(
+          "git", "apply", "--whitespace=nowarn", "-", cwd=tmp, stdin=asyncio.subprocess.PIPE,
+          stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+          env={**_GIT_ENV, "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+               "GIT_CEILING_DIRECTORIES": os.path.dirname(tmp)})
+      await proc.communicate(test_patch.encode())
+      if proc.returncode != 0:
+        result = None
+      else:
+        for path in paths:
+          out = os.path.join(tmp, path)
+          if os.path.islink(out):
+            result = None
+            break
+          result[path] = open(out, "rb").read() if os.path.isfile(out) else None
+    self._tested[key] = result
+    while len(self._tested) > 64:
+      self._tested.popitem(last=False)
+    return result
+
+  async def _test_and_grade(self, view: View, task: Task, v: Verdict, lower: str,
+                            apply_first: bool) -> str | None:
+    """Canary, twins, the pytest run, the checks and the grade. With `apply_first`, the same
+    sandbox run first applies the agent's patch with the cascade's first method and then
+    becomes pytest; when that patch does not apply, nothing is graded and the method's log is
+    returned (None otherwise)."""
     # The canary goes in the test files' common directory, so pytest finds the same ini file
     # (and rootdir-moving tests/pytest.ini) it would for the test files alone.
     canary_dir = posixpath.commonpath([posixpath.dirname(p) for p in task.test_files])
@@ -263,8 +352,12 @@ class Executor:
 
     self._start_spare(lower)
     with _Timer(v.timings, "tests"):
-      exit_code, timed_out, report, output, oracle_findings = await self._pytest(
-          view, task, canary_file, lower, [t.name for t in twin_list], tail)
+      exit_code, timed_out, report, output, oracle_findings, apply_log = await self._pytest(
+          view, task, canary_file, lower, [t.name for t in twin_list], tail, apply_first)
+    if apply_first:
+      if apply_log is None:   # pytest never started: nothing to grade
+        return f"$ {APPLY_CASCADE[0][0]}\n{output.text()}"
+      v.patch_applied, v.apply_method = True, APPLY_CASCADE[0][0]
     v.findings += oracle_findings
     events = grading.parse_events(report)
     found, tamper = grading.statuses(events)
@@ -290,6 +383,7 @@ class Executor:
     else:
       bad = [t for t, s in v.tests_status.items() if s not in grading.PASSING]
       v.reason = f"{len(bad)} of {len(v.tests_status)} tests not passing (exit code {exit_code})"
+    return None
 
   def _twins(self, view: View, task: Task, tail: str) -> list[twins.Twin]:
     """Writes poisoned twins of some FAIL_TO_PASS tests into their (held-out) files; they and
@@ -325,7 +419,12 @@ class Executor:
     return script, added
 
   async def _pytest(self, view: View, task: Task, canary_file: str, lower: str,
-                    twin_names: list[str], tail: str):
+                    twin_names: list[str], tail: str, apply_first: bool = False):
+    """One sandbox run of pytest through the launcher -> (exit code, timed out, report bytes,
+    output, oracle findings, apply log). With `apply_first`, `sh` first applies the agent's
+    patch (`git apply`; .git is masked, so it applies as to a plain tree) and then execs the
+    launcher; the apply log is None when the patch did not apply (pytest never started), and
+    the output holds pytest's part only."""
     paths = [f"{WORKDIR}/src", WORKDIR] if os.path.isdir(os.path.join(lower, "src")) else [WORKDIR]
     read_fd, write_fd = os.pipe()
     ask_r, ask_w = os.pipe()          # the plugin asks about an item whose body passed ...
@@ -347,6 +446,13 @@ class Executor:
     ro = [canary_file] + [p for p in task.test_files if os.path.lexists(view.host_path("work", p))]
     report_task = asyncio.ensure_future(_read_fd(read_fd))
     oracle_task = asyncio.ensure_future(_answer_twins(ask_r, answer_w, frozenset(twin_names)))
+    mark = f"applied-{secrets.token_hex(8)}"   # random, printed before any agent code runs
+    if apply_first:
+      patch_in = view.write_input("agent.diff", task.patch)
+      git = " ".join(f"{k}={_sh(val)}" for k, val in _GIT_ENV.items())   # for git alone
+      # sh exports PWD: unset, pytest's environment is the one the sandbox path gives it.
+      argv = ["sh", "-c", f"{git} {' '.join(_sh(a) for a in APPLY_CASCADE[0][1])} {patch_in} "
+              f"|| exit {_APPLY_FAILED}\necho {mark}\nunset PWD\nexec \"$@\"", "apply", *argv]
     try:
       # .git is masked: the history would tell a twin from a test that existed at base_commit.
       res = await view.exec(argv, env=env, ro_files=ro, masks=[".git"],
@@ -356,7 +462,15 @@ class Executor:
         os.close(fd)
     report = await report_task
     oracle_findings = await oracle_task
-    return res.exit_code, res.timed_out, report, res.output, oracle_findings
+    output, apply_log = res.output, None
+    if apply_first:
+      # The mark is in the head unless git's own output filled it (then: "did not apply", and
+      # the cascade redoes the whole run in the sandbox path).
+      applied, marked, rest = output.head.partition(f"{mark}\n".encode())
+      if marked:
+        apply_log = applied.decode(errors="replace")
+        output = Output(rest, output.tail, output.total_bytes - len(applied) - len(marked))
+    return res.exit_code, res.timed_out, report, output, oracle_findings, apply_log
 
 
 async def _answer_twins(ask_fd: int, answer_fd: int, names: frozenset[str]) -> list[str]:
@@ -414,6 +528,30 @@ async def _read_fd(fd: int) -> bytes:
   finally:
     transport.close()
   return b"".join(chunks)[:_MAX_REPORT_BYTES]
+
+
+def _write_into(view: View, path: str, content: bytes | None) -> None:
+  """Puts a file the test_patch leaves into the view (None: removes it), owned by the sandbox
+  user like a file `git apply` would write there; never through a symlink."""
+  target = view.host_path("work", path)
+  if content is None:
+    if os.path.lexists(target):
+      os.remove(target)
+    return
+  parent = view.host_path("work")
+  for part in path.split("/")[:-1]:
+    parent = os.path.join(parent, part)
+    if not os.path.lexists(parent):
+      os.mkdir(parent, 0o755)
+      os.chown(parent, SANDBOX_UID, SANDBOX_UID)
+    elif os.path.islink(parent) or not os.path.isdir(parent):
+      raise RepoError(f"test_patch path {path!r} crosses a non-directory in the tree")
+  existed = os.path.lexists(target)
+  fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+  with os.fdopen(fd, "wb") as f:
+    f.write(content)
+  if not existed:
+    os.chown(target, SANDBOX_UID, SANDBOX_UID)
 
 
 def _read(path: str) -> str | None:

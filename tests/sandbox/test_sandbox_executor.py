@@ -22,8 +22,33 @@ async def test_gold_patch_resolves(executor, workspace):
                                "tests/test_new.py::test_new_add": "PASSED",
                                "tests/test_calc.py::test_sub": "PASSED"}
   assert v["apply_method"] == "git apply" and v["findings"] == []
-  assert set(v["timings"]) >= {"prepare", "apply", "restore", "tests", "total"}
+  assert set(v["timings"]) >= {"prepare", "apply", "tests", "total"}
+  # A clean patch is applied and tested in one sandbox run: no separate restore run.
+  # The log is pytest's: git's lines and the mark that split them off are not in it.
+  assert "restore" not in v["timings"] and "Checking patch" not in v["log_head"], v["log_head"]
+  assert "must fail" in v["log_head"] and "applied-" not in v["log_head"]
   assert sandbox_processes() == []
+
+
+async def test_one_run_and_sandbox_path_agree(executor, workspace):
+  # The test_patch adds a test in a new directory that writes beside itself (the directory
+  # must belong to the sandbox user, as if `git apply` had made it). A patch that also edits a
+  # config file's non-pytest part takes the sandbox path (apply run, restore run, test run):
+  # the same statuses.
+  extra = "import os\n\n\ndef test_writes_beside_itself():\n" \
+          "  path = os.path.join(os.path.dirname(__file__), 'out.txt')\n" \
+          "  open(path, 'w').write('x')\n  assert open(path).read() == 'x'\n"
+  test_patch = rf.test_patch() + rf.diff("tests/extra/test_extra.py", None, extra)
+  ids = dict(test_patch=test_patch,
+             PASS_TO_PASS=["tests/test_calc.py::test_sub",
+                           "tests/extra/test_extra.py::test_writes_beside_itself"])
+  one = await executor.run(rf.task(workspace["base"], rf.gold_patch(), **ids))
+  old_cfg = "[metadata]\nname = calc\n\n[tool:pytest]\nxfail_strict = true\n"
+  cfg = rf.diff("setup.cfg", old_cfg, old_cfg.replace("name = calc", "name = calc2"))
+  two = await executor.run(rf.task(workspace["base"], rf.gold_patch() + cfg, **ids))
+  assert "restore" not in one["timings"] and "restore" in two["timings"], (one, two)
+  assert one["resolved"] and two["resolved"], (one["reason"], two["reason"])
+  assert one["tests_status"] == two["tests_status"] and len(one["tests_status"]) == 4
 
 
 async def test_wrong_patch_fails_by_the_swe_bench_rule(executor, workspace):
@@ -45,6 +70,7 @@ async def test_patch_that_does_not_apply_is_a_reason(executor, workspace):
   v = await executor.run(rf.task(workspace["base"], bad))
   assert not v["patch_applied"] and v["reason"] == "patch does not apply"
   assert "patch --fuzz" in v["log_tail"] and v["reward"] == 0.0
+  assert v["log_tail"].index("$ git apply\n") < v["log_tail"].index("$ git apply --3way")
 
 
 async def test_cascade_falls_back_to_fuzzy_patch(executor, workspace):
