@@ -5,7 +5,7 @@
   advantages.py   grpo (leave-one-out) | gdpo (per-component) | reinforce++ estimators
   shaping.py      reward scale, malformed and DAPO overlong penalties
   batch.py        `Group` records and packing into a `TrainBatch`
-  sft.py          the SFT warm start on gold answers
+  sft.py          the SFT warm start on gold answers (its steps: dockyard.sft.sft_loop)
   checkpoints.py  latest (resume) + best-k by a validation metric
   step.py         the step pieces: prompt sampling, collect / score / advantages / update / refit
   harness.py      around the steps: settings, validation + best-k, resume / warm start,

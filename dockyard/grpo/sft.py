@@ -5,12 +5,13 @@ a short SFT on the training split's gold answers gets it to the format and some 
 The environment supplies the target through `gold_completion(task)`. The loss is the NLL on the
 answer tokens + EOS (the prompt is context only), normalized per the micro-batching contract.
 
-The warm start runs at `sft_warmup.lr` through the Policy seam's `set_lr` (None afterwards
-returns to the policy's schedule).
+The steps are `dockyard.sft.sft_loop`, the one SFT loop (the standalone `dockyard.trainer_jax.sft`
+runs it too); this module supplies the batches and the per-step metrics. The warm start runs at
+`sft_warmup.lr` through the Policy seam's `set_lr` (None afterwards returns to the policy's
+schedule).
 """
 from __future__ import annotations
 
-import time
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -18,6 +19,7 @@ import numpy as np
 from dockyard.grpo.batch import pack_sequences
 from dockyard.policy import LossFn, Policy, TrainBatch
 from dockyard.rollout.chat import encode_prompt
+from dockyard.sft import sft_loop
 
 
 def make_sft_batch(env, tokenizer, tasks: Sequence[Mapping[str, Any]], pad_multiple: int = 1) -> TrainBatch:
@@ -44,18 +46,16 @@ def sft_warmup(policy: Policy, env, tokenizer, tasks: Sequence[Mapping[str, Any]
   if not tasks:
     raise ValueError("SFT warm start: no training tasks")
   rng = np.random.default_rng(seed)
-  policy.set_lr(lr)
+
+  def next_batch() -> TrainBatch:
+    idx = rng.choice(len(tasks), size=min(batch_size, len(tasks)), replace=False)
+    return make_sft_batch(env, tokenizer, [tasks[i] for i in idx], pad_multiple)
+
   history = []
-  try:
-    for step in range(steps):
-      t0 = time.perf_counter()
-      idx = rng.choice(len(tasks), size=min(batch_size, len(tasks)), replace=False)
-      batch = make_sft_batch(env, tokenizer, [tasks[i] for i in idx], pad_multiple)
-      metrics = {k: float(v) for k, v in policy.train_step(batch, loss_fn).items()}
-      metrics["time_s"] = time.perf_counter() - t0
-      history.append(metrics)
-      if on_step is not None:
-        on_step(step, metrics)
-  finally:
-    policy.set_lr(None)
+
+  def record(step: int, metrics: dict[str, float], seconds: float) -> None:
+    history.append({**metrics, "time_s": seconds})
+    if on_step is not None:
+      on_step(step, history[-1])
+  sft_loop(policy, next_batch, range(steps), loss_fn, lr=lr, on_step=record)
   return history

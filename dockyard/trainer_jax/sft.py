@@ -1,12 +1,12 @@
-"""Standalone supervised fine-tuning of a JaxPolicy with a masked NLL: a plain loop to read.
+"""Standalone supervised fine-tuning of a JaxPolicy with a masked NLL, from the command line.
 
-Not the GRPO warm start (that is `dockyard.grpo.sft`, which trains any Policy through its seam);
-this one owns its grain pipeline and orbax checkpoints, for SFT on its own from a JSONL of
-{"prompt", "answer"} records.
+Not the GRPO warm start (that is `dockyard.grpo.sft`); both run the one SFT loop,
+`dockyard.sft.sft_loop`, through the Policy seam. This one owns its grain pipeline and orbax
+checkpoints, for SFT on its own from a JSONL of {"prompt", "answer"} records.
 
-`run_sft` is the whole training loop top to bottom: build the policy, the grain pipeline and the
-checkpoint manager; restore if the workdir has a checkpoint; `for step in range(start, total)`
-train and save. Re-running into the same workdir continues exactly where the last run stopped.
+`run_sft` reads top to bottom: build the grain pipeline and the checkpoint manager; restore if the
+workdir has a checkpoint; run the steps from there to `total_steps`, logging each and saving every
+`save_every`. Re-running into the same workdir continues exactly where the last run stopped.
 
   python -m dockyard.trainer_jax.sft --model=DIR --data=train.jsonl --workdir=W --steps=6
 """
@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from dockyard.policy import TrainBatch
+from dockyard.sft import sft_loop
 from dockyard.trainer_jax import data as data_lib
 from dockyard.trainer_jax.loss import nll_loss
 from dockyard.trainer_jax.policy import JaxPolicy
@@ -53,19 +54,21 @@ def run_sft(policy: JaxPolicy, records: Sequence[dict], workdir: str, total_step
   if ckpt.latest_step() is not None:
     meta = policy.restore(ckpt.directory, data_iter=it)
     log(f"resumed from step {meta['step']}")
-  if lr is not None:
-    policy.set_lr(lr)
+  batches = (TrainBatch(ex["input_ids"], ex["attention_mask"], ex["loss_mask"]) for ex in it)
   history = []
-  for step in range(policy.step, total_steps):
-    ex = next(it)
-    batch = TrainBatch(ex["input_ids"], ex["attention_mask"], ex["loss_mask"])
-    metrics = policy.train_step(batch, nll_loss)
+
+  def record(step: int, metrics: dict[str, float], seconds: float) -> None:
     history.append({"step": step + 1, **metrics})
     log(json.dumps(history[-1]))
+
+  def save(step: int) -> None:
     if (step + 1) % save_every == 0 or step + 1 == total_steps:
-      policy.save(ckpt.directory, data_iter=it)
-    if stop_after is not None and step + 1 >= stop_after:
-      break
+      policy.save(ckpt.directory, data_iter=it)   # the grain iterator's state with the weights
+
+  # `stop_after` ends the run after that step as a kill would (at least one step when resuming
+  # past it); the checkpoints still follow `save_every`.
+  end = total_steps if stop_after is None else min(total_steps, max(stop_after, policy.step + 1))
+  sft_loop(policy, batches, range(policy.step, end), nll_loss, lr=lr, on_step=record, save=save)
   return history
 
 
