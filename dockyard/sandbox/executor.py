@@ -293,7 +293,7 @@ class Executor:
       self._tested.move_to_end(key)
       return self._tested[key]
     paths = integrity.patch_paths(test_patch)
-    if any(p.startswith("/") or ".." in p.split("/") or ".git" in p.split("/") for p in paths):
+    if any(integrity.escapes_tree(p) for p in paths):
       return None   # not on the host: the sandbox path applies it (and says why it fails)
     result: dict[str, bytes | None] | None = {}
     with tempfile.TemporaryDirectory(prefix="dockyard-testpatch-") as tmp:
@@ -446,8 +446,8 @@ class Executor:
     ro = [canary_file] + [p for p in task.test_files if os.path.lexists(view.host_path("work", p))]
     report_task = asyncio.ensure_future(_read_fd(read_fd))
     oracle_task = asyncio.ensure_future(_answer_twins(ask_r, answer_w, frozenset(twin_names)))
-    mark = f"applied-{secrets.token_hex(8)}"   # random, printed before any agent code runs
     if apply_first:
+      mark = f"applied-{secrets.token_hex(8)}"   # random, printed before any agent code runs
       patch_in = view.write_input("agent.diff", task.patch)
       git = " ".join(f"{k}={_sh(val)}" for k, val in _GIT_ENV.items())   # for git alone
       # sh exports PWD: unset, pytest's environment is the one the sandbox path gives it.

@@ -46,6 +46,13 @@ def patch_paths(patch: str) -> list[str]:
   return out
 
 
+def escapes_tree(path: str) -> bool:
+  """A patch path that could leave the tree or reach its git metadata (absolute, `..`, `.git`,
+  a backslash)."""
+  parts = path.split("/")
+  return path.startswith("/") or ".." in parts or ".git" in parts or "\\" in path
+
+
 def is_test_path(path: str) -> bool:
   parts = path.split("/")
   name = parts[-1]
@@ -92,8 +99,7 @@ def check_patch(patch: str, test_patch_paths: Iterable[str] = ()) -> list[str]:
     if pf.is_binary_file:
       findings.append(f"binary_patch: {pf.path}")
     for path in {_strip_prefix(pf.source_file), _strip_prefix(pf.target_file)} - {None}:
-      parts = path.split("/")
-      if path.startswith("/") or ".." in parts or ".git" in parts or "\\" in path:
+      if escapes_tree(path):
         findings.append(f"path_escape: {path}")
       elif path in held_out:
         findings.append(f"touches_test_patch_path: {path}")
