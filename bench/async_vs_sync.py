@@ -40,21 +40,21 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 def make_config(args):
   from dockyard import validate
-  c = validate.load_config_file(os.path.join(ROOT, "configs/math.py"))
-  g = c.grpo
-  g.num_prompts_per_step, g.num_generations_per_prompt = args.prompts, args.generations
-  g.max_num_steps, g.val_at_start, g.val_period = args.steps, False, 0
-  g.sft_warmup.steps, g.dynamic_sampling = 0, False
-  g.async_grpo.enabled = True
-  g.async_grpo.max_trajectory_age_steps = 1
-  c.rollout.max_new_tokens, c.rollout.max_model_len = args.max_new_tokens, 256
-  c.policy.max_seq_len = 256
-  c.optim.micro_batch_size = args.prompts * args.generations
-  c.optim.decay_steps = 100          # one schedule for the warm-up, sync and async runs
-  c.checkpoint.enabled = False
-  c.logging.tensorboard, c.logging.png_curve = False, False
-  validate.validate(c)
-  return c
+  config = validate.load_config_file(os.path.join(ROOT, "configs/math.py"))
+  grpo = config.grpo
+  grpo.num_prompts_per_step, grpo.num_generations_per_prompt = args.prompts, args.generations
+  grpo.max_num_steps, grpo.val_at_start, grpo.val_period = args.steps, False, 0
+  grpo.sft_warmup.steps, grpo.dynamic_sampling = 0, False
+  grpo.async_grpo.enabled = True
+  grpo.async_grpo.max_trajectory_age_steps = 1
+  config.rollout.max_new_tokens, config.rollout.max_model_len = args.max_new_tokens, 256
+  config.policy.max_seq_len = 256
+  config.optim.micro_batch_size = args.prompts * args.generations
+  config.optim.decay_steps = 100          # one schedule for the warm-up, sync and async runs
+  config.checkpoint.enabled = False
+  config.logging.tensorboard, config.logging.png_curve = False, False
+  validate.validate(config)
+  return config
 
 
 def mean_of(rows, *keys):
@@ -116,16 +116,16 @@ def main():
   print(f"setup (model, tokenizer, vLLM engine, policies): {time.perf_counter() - t_all:.1f} s", flush=True)
 
   def run(is_async, steps, workdir):
-    c = config.copy_and_resolve_references()
-    c.grpo.max_num_steps = steps
-    c.grpo.async_grpo.enabled = is_async   # the source the runner would build for it
+    run_config = config.copy_and_resolve_references()
+    run_config.grpo.max_num_steps = steps
+    run_config.grpo.async_grpo.enabled = is_async   # the source the runner would build for it
     policy.restore(initial)          # same weights, optimizer state and step for every run
-    sync = create_weight_synchronizer(c, policy, engine)
+    sync = create_weight_synchronizer(run_config, policy, engine)
     refit(sync)                      # the engine starts every run from the same weights
-    source = make_source(c, generator=engine, env=env, tokenizer=tokenizer, train_tasks=env.train,
+    source = make_source(run_config, generator=engine, env=env, tokenizer=tokenizer, train_tasks=env.train,
                          synchronizer=sync)
     t0 = time.perf_counter()
-    grpo_train(c, source=source, policy=policy, generator=engine, synchronizer=sync, env=env,
+    grpo_train(run_config, source=source, policy=policy, generator=engine, synchronizer=sync, env=env,
                tokenizer=tokenizer, train_tasks=env.train, val_tasks=env.validation, workdir=workdir,
                reference=reference, losses=losses, progress=False)
     wall = time.perf_counter() - t0

@@ -117,45 +117,45 @@ SIZES = {
 
 
 # -- the shared settings ------------------------------------------------------------------------
-def dockyard_config(s: dict):
+def dockyard_config(settings: dict):
   """configs/math.py with the bench's settings; validated like any launch."""
   from dockyard import validate
-  c = validate.load_config_file(os.path.join(ROOT, "configs/math.py"))
-  c.run.name, c.run.seed = "peer_trl", int(s["seed"])
-  c.policy.model_name_or_path = s["model_dir"]
-  c.policy.max_seq_len = s["max_seq_len"]
-  o = c.optim
-  o.lr, o.warmup_steps, o.decay_steps, o.end_lr_factor = s["lr"], 0, 0, 1.0
-  o.b1, o.b2, o.eps, o.weight_decay, o.max_grad_norm = 0.9, 0.999, 1e-8, 0.0, 1.0
-  o.micro_batch_size = s["micro_batch"]
-  g = c.grpo
-  g.num_prompts_per_step, g.num_generations_per_prompt = s["prompts"], s["generations"]
-  g.max_num_steps, g.num_minibatches = s["steps"], 1
-  learn = s["num_validation"] > 0
-  g.val_at_start, g.val_period = learn, s["steps"] if learn else 0
-  g.max_val_samples = max(s["num_validation"], 1)
-  g.advantage.estimator, g.advantage.leave_one_out, g.advantage.normalize_std = "grpo", False, False
-  g.dynamic_sampling = False
-  g.sft_warmup.steps = 0
-  g.async_grpo.enabled = False
-  loss = c.loss_fn
-  loss.reference_policy_kl_penalty = s["beta"]
+  config = validate.load_config_file(os.path.join(ROOT, "configs/math.py"))
+  config.run.name, config.run.seed = "peer_trl", int(settings["seed"])
+  config.policy.model_name_or_path = settings["model_dir"]
+  config.policy.max_seq_len = settings["max_seq_len"]
+  optim = config.optim
+  optim.lr, optim.warmup_steps, optim.decay_steps, optim.end_lr_factor = settings["lr"], 0, 0, 1.0
+  optim.b1, optim.b2, optim.eps, optim.weight_decay, optim.max_grad_norm = 0.9, 0.999, 1e-8, 0.0, 1.0
+  optim.micro_batch_size = settings["micro_batch"]
+  grpo = config.grpo
+  grpo.num_prompts_per_step, grpo.num_generations_per_prompt = settings["prompts"], settings["generations"]
+  grpo.max_num_steps, grpo.num_minibatches = settings["steps"], 1
+  learn = settings["num_validation"] > 0
+  grpo.val_at_start, grpo.val_period = learn, settings["steps"] if learn else 0
+  grpo.max_val_samples = max(settings["num_validation"], 1)
+  grpo.advantage.estimator, grpo.advantage.leave_one_out, grpo.advantage.normalize_std = "grpo", False, False
+  grpo.dynamic_sampling = False
+  grpo.sft_warmup.steps = 0
+  grpo.async_grpo.enabled = False
+  loss = config.loss_fn
+  loss.reference_policy_kl_penalty = settings["beta"]
   loss.ratio_clip_min, loss.ratio_clip_max = 0.2, 0.28
   loss.ratio_level, loss.normalization = "token", "token"
-  r = c.rollout
-  r.max_new_tokens, r.max_model_len = s["max_new_tokens"], s["max_model_len"]
-  r.temperature, r.top_p, r.val_temperature = 1.0, 1.0, 0.0
-  c.env.math = dict(seed=int(s["seed"]), ops=("+",), min_operand=s["min_operand"],
-                    max_operand=s["max_operand"], num_train=s["num_train"],
-                    num_validation=s["num_validation"], system_prompt="", gold_format="answer")
-  c.refit.transport = s.get("refit_transport", "auto")
-  c.checkpoint.enabled = False
-  c.logging.tensorboard, c.logging.png_curve = False, False
-  validate.validate(c)
-  return c
+  rollout = config.rollout
+  rollout.max_new_tokens, rollout.max_model_len = settings["max_new_tokens"], settings["max_model_len"]
+  rollout.temperature, rollout.top_p, rollout.val_temperature = 1.0, 1.0, 0.0
+  config.env.math = dict(seed=int(settings["seed"]), ops=("+",), min_operand=settings["min_operand"],
+                    max_operand=settings["max_operand"], num_train=settings["num_train"],
+                    num_validation=settings["num_validation"], system_prompt="", gold_format="answer")
+  config.refit.transport = settings.get("refit_transport", "auto")
+  config.checkpoint.enabled = False
+  config.logging.tensorboard, config.logging.png_curve = False, False
+  validate.validate(config)
+  return config
 
 
-def trl_args(s: dict, config, output_dir: str):
+def trl_args(settings: dict, config, output_dir: str):
   """The `GRPOConfig` that mirrors `config` (see the module docstring, field by field)."""
   from trl import GRPOConfig
   grpo, loss, optim, rollout = config.grpo, config.loss_fn, config.optim, config.rollout
@@ -199,9 +199,9 @@ def read_metrics(workdir: str) -> list[dict]:
     return [json.loads(line) for line in f if line.strip()]
 
 
-def side_dockyard(s: dict, workdir: str) -> dict:
+def side_dockyard(settings: dict, workdir: str) -> dict:
   from dockyard import runner, workdir as workdir_lib
-  config = dockyard_config(s)
+  config = dockyard_config(settings)
   paths = workdir_lib.prepare(workdir, config)
   t0 = time.perf_counter()
   runner.run(config, paths)
@@ -215,13 +215,13 @@ def side_dockyard(s: dict, workdir: str) -> dict:
   return dict(wall_s=wall, step_s=step_s, parts=parts, steps=len(steps),
               reward=[r.get("reward/shaped_mean") for r in steps],
               val_start=val[0]["val/accuracy"] if val and val[0]["step"] == 0 else None,
-              val_end=val[-1]["val/accuracy"] if val and val[-1]["step"] == s["steps"] else None)
+              val_end=val[-1]["val/accuracy"] if val and val[-1]["step"] == settings["steps"] else None)
 
 
-def side_eval(s: dict, workdir: str, model_dir: str) -> dict:
+def side_eval(settings: dict, workdir: str, model_dir: str) -> dict:
   """dockyard's eval mode (greedy, the held-out split) on an HF directory."""
   from dockyard import runner, workdir as workdir_lib
-  config = dockyard_config(dict(s, model_dir=model_dir))
+  config = dockyard_config(dict(settings, model_dir=model_dir))
   config.unlock()
   config.run.mode = "eval"
   config.lock()
@@ -232,7 +232,7 @@ def side_eval(s: dict, workdir: str, model_dir: str) -> dict:
   return dict(rate=report["rate"], n=report["n"])
 
 
-def side_trl(s: dict, workdir: str) -> dict:
+def side_trl(settings: dict, workdir: str) -> dict:
   import torch
   from datasets import Dataset
   from transformers import AutoTokenizer, TrainerCallback
@@ -241,7 +241,7 @@ def side_trl(s: dict, workdir: str) -> dict:
   from dockyard.envs.math import MathConfig, MathEnv
   from dockyard.grpo.shaping import ShapingConfig, shape_reward
 
-  config = dockyard_config(s)
+  config = dockyard_config(settings)
   torch.manual_seed(int(config.run.seed))
   env = MathEnv(MathConfig.from_config(config))
   order = train_prompt_order(config, env.train)
@@ -271,10 +271,10 @@ def side_trl(s: dict, workdir: str) -> dict:
       self.marks.append(time.perf_counter())
 
   timer = StepTimer()
-  tokenizer = AutoTokenizer.from_pretrained(s["model_dir"])
+  tokenizer = AutoTokenizer.from_pretrained(settings["model_dir"])
   t0 = time.perf_counter()
-  trainer = GRPOTrainer(model=s["model_dir"], reward_funcs=[math_reward],
-                        args=trl_args(s, config, os.path.join(workdir, "trl")),
+  trainer = GRPOTrainer(model=settings["model_dir"], reward_funcs=[math_reward],
+                        args=trl_args(settings, config, os.path.join(workdir, "trl")),
                         train_dataset=dataset, processing_class=tokenizer, callbacks=[timer])
   setup_s = time.perf_counter() - t0
   # TRL reports no per-part times without wandb; time its generation call (private, one per step).
@@ -295,9 +295,9 @@ def side_trl(s: dict, workdir: str) -> dict:
              step_s=[b - a for a, b in zip(timer.marks, timer.marks[1:])],
              reward=[h["reward"] for h in trainer.state.log_history if "reward" in h],
              generate_s=generate_s,
-             prompts=seen, expected_prompts=[[t["instance_id"] for t in order[i:i + s["prompts"]]]
-                                             for i in range(0, len(order), s["prompts"])])
-  if s["num_validation"] > 0:
+             prompts=seen, expected_prompts=[[t["instance_id"] for t in order[i:i + settings["prompts"]]]
+                                             for i in range(0, len(order), settings["prompts"])])
+  if settings["num_validation"] > 0:
     final = os.path.join(workdir, "trl_final")
     trainer.model.save_pretrained(final)
     tokenizer.save_pretrained(final)
@@ -329,8 +329,8 @@ def resolve_model(args, size: str) -> str:
   if size == "smoke" and not args.model:
     from dockyard import validate
     from dockyard.models import tiny
-    c = validate.load_config_file(os.path.join(ROOT, "configs/math.py"))
-    return tiny.make_tiny_model(dict(c.policy.tiny), seed=args.seed)
+    config = validate.load_config_file(os.path.join(ROOT, "configs/math.py"))
+    return tiny.make_tiny_model(dict(config.policy.tiny), seed=args.seed)
   spec = args.model or DEFAULT_MODEL
   if spec.startswith("package:"):
     try:
@@ -393,13 +393,13 @@ def main():
 
   if args._child:
     with open(args._spec) as f:
-      s = json.load(f)
+      settings = json.load(f)
     if args._child == "dockyard":
-      result = side_dockyard(s, args._workdir + "/dockyard")
+      result = side_dockyard(settings, args._workdir + "/dockyard")
     elif args._child == "trl":
-      result = side_trl(s, args._workdir)
+      result = side_trl(settings, args._workdir)
     else:
-      result = side_eval(s, args._workdir + "/eval", args._eval_dir)
+      result = side_eval(settings, args._workdir + "/eval", args._eval_dir)
     with open(args._out, "w") as f:
       json.dump(result, f)
     return
@@ -407,32 +407,32 @@ def main():
   if args.quick and args.smoke:
     p.error("--quick and --smoke are different sizes; pass one")
   size = "smoke" if args.smoke else "quick" if args.quick else "full"
-  s = dict(SIZES[size])
-  for k in s:
+  settings = dict(SIZES[size])
+  for k in settings:
     if getattr(args, k) is not None:
-      s[k] = getattr(args, k)
-  if min(s["steps"], s["prompts"], s["max_new_tokens"], s["micro_batch"]) < 1 or s["generations"] < 2:
+      settings[k] = getattr(args, k)
+  if min(settings["steps"], settings["prompts"], settings["max_new_tokens"], settings["micro_batch"]) < 1 or settings["generations"] < 2:
     p.error("--steps, --prompts, --max_new_tokens, --micro_batch must be >= 1 and --generations >= 2")
   try:
     import trl
   except ImportError:
     sys.exit("bench/peer_trl.py needs TRL: pip install -e '.[bench]'")
   t_all = time.perf_counter()
-  s.update(seed=args.seed, refit_transport=args.refit_transport, model_dir=resolve_model(args, size))
-  learn = s["num_validation"] > 0
+  settings.update(seed=args.seed, refit_transport=args.refit_transport, model_dir=resolve_model(args, size))
+  learn = settings["num_validation"] > 0
   from dockyard import validate
   try:
-    dockyard_config(s)   # fails here, before any child starts, on a bad setting
+    dockyard_config(settings)   # fails here, before any child starts, on a bad setting
   except validate.ConfigError as e:
     sys.exit(f"error: {e}")
   print(f"peer_trl ({size}): model {s['model_dir']}, trl {trl.__version__}", flush=True)
-  print("settings (both sides): " + ", ".join(f"{k}={v}" for k, v in s.items() if k != "model_dir"),
+  print("settings (both sides): " + ", ".join(f"{k}={v}" for k, v in settings.items() if k != "model_dir"),
         flush=True)
 
   with tempfile.TemporaryDirectory(prefix="peer_trl_") as tmp:
     spec_path = os.path.join(tmp, "spec.json")
     with open(spec_path, "w") as f:
-      json.dump(s, f)
+      json.dump(settings, f)
     dy = run_child("dockyard", spec_path, tmp)
     tr = run_child("trl", spec_path, tmp)
     ev = run_child("eval", spec_path, tmp, [f"--_eval_dir={tr['final_dir']}"]) if learn else None
@@ -441,7 +441,7 @@ def main():
     sys.exit(f"TRL trained on other prompts than dockyard's sampler order: {tr['prompts']} vs "
              f"{tr['expected_prompts']}")
   for name, r in (("dockyard", dy), ("trl", tr)):
-    if r["steps"] != s["steps"]:
+    if r["steps"] != settings["steps"]:
       sys.exit(f"the {name} side ran {r['steps']} steps, not {s['steps']}")
   dy_step, tr_step = mean(steady(dy["step_s"])), mean(steady(tr["step_s"]))
   print(f"dockyard: {dy['steps']} steps, step times {fmt(dy['step_s'])} s, mean without the first "
@@ -454,7 +454,7 @@ def main():
         f"process {tr['process_s']:.0f} s, load {tr['load'][0]} -> {tr['load'][1]}", flush=True)
   print(f"shaped train reward per step: dockyard {[round(x, 3) for x in dy['reward']]}, "
         f"trl {[round(x, 3) for x in tr['reward']]}", flush=True)
-  report = dict(size=size, settings=s, dockyard=dy, trl=tr, speed_vs_trl=ratio(tr_step, dy_step))
+  report = dict(size=size, settings=settings, dockyard=dy, trl=tr, speed_vs_trl=ratio(tr_step, dy_step))
   if learn:
     start, dy_end, tr_end = dy["val_start"], dy["val_end"], ev["rate"]
     dy_gain, tr_gain = dy_end - start, tr_end - start

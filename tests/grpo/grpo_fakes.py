@@ -32,23 +32,23 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def math_config(**over):
   """configs/math.py at a size the fakes run in seconds; `over` = {"dotted.key": value}."""
-  c = validate.load_config_file(os.path.join(ROOT, "configs/math.py"))
-  c.grpo.num_prompts_per_step, c.grpo.num_generations_per_prompt = 4, 8
-  c.grpo.max_num_steps, c.grpo.val_period, c.grpo.max_val_samples = 12, 4, 8
-  c.grpo.sft_warmup.steps = 0
-  c.grpo.dynamic_sampling = False
-  c.loss_fn.reference_policy_kl_penalty = 0.0   # no reference policy among the fakes unless a test adds one
-  c.rollout.max_new_tokens = 6
-  c.checkpoint.metric, c.checkpoint.save_period, c.checkpoint.keep_top_k = "val/reward_mean", 4, 2
-  c.logging.tensorboard, c.logging.png_curve = False, False
+  config = validate.load_config_file(os.path.join(ROOT, "configs/math.py"))
+  config.grpo.num_prompts_per_step, config.grpo.num_generations_per_prompt = 4, 8
+  config.grpo.max_num_steps, config.grpo.val_period, config.grpo.max_val_samples = 12, 4, 8
+  config.grpo.sft_warmup.steps = 0
+  config.grpo.dynamic_sampling = False
+  config.loss_fn.reference_policy_kl_penalty = 0.0   # no reference policy among the fakes unless a test adds one
+  config.rollout.max_new_tokens = 6
+  config.checkpoint.metric, config.checkpoint.save_period, config.checkpoint.keep_top_k = "val/reward_mean", 4, 2
+  config.logging.tensorboard, config.logging.png_curve = False, False
   for k, v in over.items():
-    node = c
+    node = config
     *path, last = k.split(".")
     for p in path:
       node = node[p]
     node[last] = v
-  validate.validate(c)
-  return c
+  validate.validate(config)
+  return config
 
 
 class FirstDigitEnv(MathEnv):

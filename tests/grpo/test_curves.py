@@ -13,17 +13,17 @@ def keys(config):
 
 
 def test_panels_follow_the_config():
-  c = math_cfg.get_config()          # tiny: one minibatch, a KL penalty
-  assert c.grpo.num_minibatches == 1 and c.loss_fn.reference_policy_kl_penalty != 0
-  assert keys(c) == ["reward/raw_mean", "val/pass@1", "groups/zero_variance_fraction", "train/kl",
+  config = math_cfg.get_config()          # tiny: one minibatch, a KL penalty
+  assert config.grpo.num_minibatches == 1 and config.loss_fn.reference_policy_kl_penalty != 0
+  assert keys(config) == ["reward/raw_mean", "val/pass@1", "groups/zero_variance_fraction", "train/kl",
                      "rollout/entropy_approx", "rollout/completion_len_mean"]
-  panels = {p.key: p for p in harness.curve_panels(c)}
+  panels = {p.key: p for p in harness.curve_panels(config)}
   assert panels["reward/raw_mean"].smooth > 1 and panels["val/pass@1"].band
-  assert panels["val/pass@1"].also == (c.checkpoint.metric,) == ("val/accuracy",)
-  c.unlock()
-  c.grpo.num_minibatches = 2
-  c.loss_fn.reference_policy_kl_penalty = 0.0
-  assert "train/clip_fraction" in keys(c) and "train/kl" not in keys(c)
+  assert panels["val/pass@1"].also == (config.checkpoint.metric,) == ("val/accuracy",)
+  config.unlock()
+  config.grpo.num_minibatches = 2
+  config.loss_fn.reference_policy_kl_penalty = 0.0
+  assert "train/clip_fraction" in keys(config) and "train/kl" not in keys(config)
 
 
 def test_trailing_mean():
@@ -39,7 +39,7 @@ def test_by_step_keeps_the_last_value_of_a_redone_step():
 
 
 def test_plot_draws_the_panels_with_data(tmp_path):
-  c = math_cfg.get_config()
+  config = math_cfg.get_config()
   metric = "val/pass@1"
   path = tmp_path / "metrics.jsonl"
   with open(path, "w") as f:
@@ -50,7 +50,7 @@ def test_plot_draws_the_panels_with_data(tmp_path):
         row.update({metric: s / 20, f"{metric}_ci95_lo": s / 40, f"{metric}_ci95_hi": s / 15,
                     "val/accuracy": s / 20, "val/completion_len_mean": 5.0})
       f.write(json.dumps(row) + "\n")
-  drawn = workdir.plot_curves(str(path), str(tmp_path / "curves.png"), harness.curve_panels(c))
+  drawn = workdir.plot_curves(str(path), str(tmp_path / "curves.png"), harness.curve_panels(config))
   assert [p.key for p in drawn] == ["reward/raw_mean", metric, "train/kl", "rollout/completion_len_mean"]
   assert (tmp_path / "curves.png").stat().st_size > 10_000
 

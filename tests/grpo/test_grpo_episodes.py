@@ -68,12 +68,12 @@ class Files(ToolExecutor):
 
 
 def agent_config(**over):
-  c = math_config(**{"grpo.val_period": 0, "grpo.val_at_start": False, "grpo.max_num_steps": 2,
+  config = math_config(**{"grpo.val_period": 0, "grpo.val_at_start": False, "grpo.max_num_steps": 2,
                      "rollout.max_new_tokens": 128, "rollout.max_model_len": 16384, **over})
-  c.agent = ml_collections.ConfigDict(dict(max_turns=4, max_context_tokens=16384,
+  config.agent = ml_collections.ConfigDict(dict(max_turns=4, max_context_tokens=16384,
                                            invalid_action_penalty=0.5))
-  validate.validate(c)
-  return c
+  validate.validate(config)
+  return config
 
 
 def scripted(tokenizer):
@@ -226,11 +226,11 @@ def test_both_loops_train_on_episodes(tokenizer, tmp_path, async_grpo):
 
 
 def test_validate_checks_the_agent_section():
-  c = agent_config()
-  c.agent.truncation = "drop"
+  config = agent_config()
+  config.agent.truncation = "drop"
   with pytest.raises(validate.ConfigError, match="agent: agent.truncation must be one of"):
-    validate.validate(c)
-  c = agent_config()
-  c.agent.max_context_tokens = 20000
+    validate.validate(config)
+  config = agent_config()
+  config.agent.max_context_tokens = 20000
   with pytest.raises(validate.ConfigError, match=r"agent.max_context_tokens: .* <= rollout.max_model_len \(16384\)"):
-    validate.validate(c)
+    validate.validate(config)

@@ -18,12 +18,12 @@ def test_async_grpo_on_jax_trainer_and_vllm(real_parts, tmp_path):
   env = MathEnv(MathConfig.from_config(config))
 
   def train(steps):
-    c = config.copy_and_resolve_references()
-    c.grpo.max_num_steps = steps
-    policy = JaxPolicy.from_hf(path, c)
-    sync = create_weight_synchronizer(c, policy, engine)
+    run_config = config.copy_and_resolve_references()
+    run_config.grpo.max_num_steps = steps
+    policy = JaxPolicy.from_hf(path, run_config)
+    sync = create_weight_synchronizer(run_config, policy, engine)
     refit(sync)   # the shared engine starts from this policy's weights
-    res = run_grpo(c, policy=policy, generator=engine, synchronizer=sync, env=env, tokenizer=tokenizer,
+    res = run_grpo(run_config, policy=policy, generator=engine, synchronizer=sync, env=env, tokenizer=tokenizer,
                    train_tasks=env.train, val_tasks=env.validation, workdir=str(tmp_path), progress=False)
     return res, policy
 

@@ -26,23 +26,23 @@ class Parts:
 def e2e_config():
   """The tiny default, shortened: sync GRPO, no validation or checkpoints, pass_rate reward (a patch
   that applies keeps PASS_TO_PASS passing, so groups differ before anything resolves)."""
-  c = swe.get_config("sync")
-  c.grpo.max_num_steps = 2
-  c.optim.warmup_steps = 1             # the schedule needs decay steps (= max_num_steps) > warmup
-  c.grpo.num_prompts_per_step = 2
-  c.grpo.num_generations_per_prompt = 8
+  config = swe.get_config("sync")
+  config.grpo.max_num_steps = 2
+  config.optim.warmup_steps = 1             # the schedule needs decay steps (= max_num_steps) > warmup
+  config.grpo.num_prompts_per_step = 2
+  config.grpo.num_generations_per_prompt = 8
   # T=1: after the SFT the model is peaked; at the default 0.7 each group came out flat (one task
   # always right, one always wrong); T=1 sampling varies the patches within a group.
-  c.rollout.temperature = 1.0
-  c.grpo.val_at_start = False
-  c.grpo.val_period = 0
-  c.grpo.sft_warmup.steps = 0          # the test runs its own short SFT on two tasks
-  c.env.code.reward = "pass_rate"
-  c.checkpoint.enabled = False
-  c.logging.tensorboard = False
-  c.logging.png_curve = False
-  c.rollout.max_model_len = 1024
-  return c
+  config.rollout.temperature = 1.0
+  config.grpo.val_at_start = False
+  config.grpo.val_period = 0
+  config.grpo.sft_warmup.steps = 0          # the test runs its own short SFT on two tasks
+  config.env.code.reward = "pass_rate"
+  config.checkpoint.enabled = False
+  config.logging.tensorboard = False
+  config.logging.png_curve = False
+  config.rollout.max_model_len = 1024
+  return config
 
 
 @pytest.fixture(scope="module")

@@ -44,8 +44,8 @@ def _trainer_logprobs(parts, ids) -> np.ndarray:
 @pytest.mark.slow
 def test_sft_then_grpo_on_sandbox_rewards(parts, tmp_path):
   tasks = parts.train_tasks[:2]
-  c = parts.config
-  pg_loss, nll = policy_factory.make_losses(c)
+  config = parts.config
+  pg_loss, nll = policy_factory.make_losses(config)
   history = sft_warmup(parts.policy, parts.env, parts.tokenizer, tasks, steps=SFT_STEPS, batch_size=2,
                        lr=3e-3, loss_fn=nll, pad_multiple=16)
   assert history[-1]["loss"] < history[0]["loss"]
@@ -53,16 +53,16 @@ def test_sft_then_grpo_on_sandbox_rewards(parts, tmp_path):
   probe = _probe(parts, tasks[0])
   before = _engine_logprobs(parts, probe)
 
-  source = SyncSource(c, generator=parts.generator, env=parts.env, tokenizer=parts.tokenizer, train_tasks=tasks)
-  result = grpo_train(c, source=source, policy=parts.policy, generator=parts.generator,
+  source = SyncSource(config, generator=parts.generator, env=parts.env, tokenizer=parts.tokenizer, train_tasks=tasks)
+  result = grpo_train(config, source=source, policy=parts.policy, generator=parts.generator,
                       synchronizer=parts.synchronizer, env=parts.env, tokenizer=parts.tokenizer,
                       train_tasks=tasks, val_tasks=[], workdir=str(tmp_path), losses=(pg_loss, nll),
                       progress=False)
-  assert result.steps == c.grpo.max_num_steps
+  assert result.steps == config.grpo.max_num_steps
 
   rows = [json.loads(line) for line in open(os.path.join(tmp_path, "metrics.jsonl"))]
   steps = [r for r in rows if "groups/zero_variance_fraction" in r]
-  assert len(steps) == c.grpo.max_num_steps
+  assert len(steps) == config.grpo.max_num_steps
   summary = [(r["step"], r["groups/zero_variance_fraction"], r["reward/raw_mean"],
               r["reward/malformed_fraction"]) for r in steps]
   # Non-zero-variance groups: some completions of one prompt scored differently in the sandbox.
@@ -73,5 +73,5 @@ def test_sft_then_grpo_on_sandbox_rewards(parts, tmp_path):
   trainer = _trainer_logprobs(parts, probe)
   # The weights vLLM serves moved with the GRPO steps, and they are the trainer's weights.
   assert np.abs(after - before).max() > 1e-3, "vLLM's logprobs did not change after GRPO steps"
-  assert np.abs(after - trainer).max() < c.refit.canary.max_abs_logprob_delta
+  assert np.abs(after - trainer).max() < config.refit.canary.max_abs_logprob_delta
   assert steps[-1]["weight_version"] >= 2   # SFT refit = version 1; GRPO steps push more

@@ -24,9 +24,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _config(spec):
-  c = swe.get_config("tiny")
-  c.policy.model_name_or_path = spec
-  return c
+  config = swe.get_config("tiny")
+  config.policy.model_name_or_path = spec
+  return config
 
 
 @pytest.fixture()

@@ -87,12 +87,12 @@ def reference(model_dir):
 
 @pytest.fixture(scope="module")
 def config(model_dir):
-  c = swe.get_config("tiny")
-  c.policy.model_name_or_path = SPEC
-  c.mesh.shape = (1, 1, 1)
-  c.optim.micro_batch_size = 6
-  c.rollout.max_model_len = 512
-  return c
+  config = swe.get_config("tiny")
+  config.policy.model_name_or_path = SPEC
+  config.mesh.shape = (1, 1, 1)
+  config.optim.micro_batch_size = 6
+  config.rollout.max_model_len = 512
+  return config
 
 
 @pytest.fixture(scope="module")
@@ -160,10 +160,10 @@ def test_converted_directory_is_plain_fp32_hf(model_dir, tokenizer):
   with open(os.path.join(model_dir, "config.json")) as f:
     hf = json.load(f)
   assert "quantization_config" not in hf and hf["architectures"] == ["LlamaForCausalLM"]
-  c = ModelConfig.from_hf_config(hf)
-  assert (c.family, c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim) == (
+  model_config = ModelConfig.from_hf_config(hf)
+  assert (model_config.family, model_config.num_layers, model_config.hidden_size, model_config.num_heads, model_config.num_kv_heads, model_config.head_dim) == (
       "llama", 30, 576, 9, 3, 64)
-  assert c.tie_word_embeddings and c.rope_theta == 1e5 and c.vocab_size == 49152
+  assert model_config.tie_word_embeddings and model_config.rope_theta == 1e5 and model_config.vocab_size == 49152
   with safe_open(os.path.join(model_dir, "model.safetensors"), "np") as f:
     names = list(f.keys())
     assert "lm_head.weight" not in names   # tied: the loaders re-tie it to embed_tokens
@@ -260,10 +260,10 @@ def test_refit_from_jax_passes_the_canary(jax_policy, engine, config, batch, ref
 
 def test_torch_logprobs_match_transformers(model_dir, batch, reference_logprobs):
   from dockyard.trainer_torch.policy import TorchPolicy
-  c = swe.get_config("torch")
-  c.optim.micro_batch_size = 6
+  config = swe.get_config("torch")
+  config.optim.micro_batch_size = 6
   start = _now()
-  policy = TorchPolicy.from_hf(model_dir, c)
+  policy = TorchPolicy.from_hf(model_dir, config)
   ours = policy.logprobs(batch)
   _timed("TorchPolicy.from_hf + logprobs", start)
   _assert_close(ours, reference_logprobs, batch, "torch policy")

@@ -14,9 +14,9 @@ from dockyard.models.tiny import make_tiny_model
 
 @pytest.fixture(scope="session")
 def config():
-  c = swe.get_config("tiny")
-  c.rollout.max_model_len = 512
-  return c
+  config = swe.get_config("tiny")
+  config.rollout.max_model_len = 512
+  return config
 
 
 @pytest.fixture(scope="session")
@@ -41,9 +41,9 @@ def policy(tiny_path):
 def fleet(config, tiny_path):
   """Two engines as Ray actors on a local Ray with 2 CPUs (0.5 CPU per engine bundle)."""
   from dockyard.rollout.fleet import RolloutFleet
-  c = config.copy_and_resolve_references()
-  c.rollout.num_engines = 2
-  f = RolloutFleet(c, tiny_path, num_cpus=2)
+  run_config = config.copy_and_resolve_references()
+  run_config.rollout.num_engines = 2
+  f = RolloutFleet(run_config, tiny_path, num_cpus=2)
   yield f
   f.shutdown()
 

@@ -157,11 +157,11 @@ def test_collective_transport_over_gloo_with_jax_arrays(fleet, policy, config):
 
 def test_shared_memory_sync_into_the_fleet(fleet, policy, config):
   from dockyard.refit.transports import SharedMemoryTransport
-  c = config.copy_and_resolve_references()
-  c.refit.transport = "shared_memory"
-  sync = create_weight_synchronizer(c, policy, fleet)
+  run_config = config.copy_and_resolve_references()
+  run_config.refit.transport = "shared_memory"
+  sync = create_weight_synchronizer(run_config, policy, fleet)
   assert isinstance(sync.transport, SharedMemoryTransport)
   policy.perturb(0.5, seed=31)
   metrics = sync.sync_weights()
-  assert metrics["refit/canary/max_abs_logprob_delta"] <= c.refit.canary.max_abs_logprob_delta
+  assert metrics["refit/canary/max_abs_logprob_delta"] <= run_config.refit.canary.max_abs_logprob_delta
   assert {i["version"] for i in fleet.engine_info()} == {sync.version}

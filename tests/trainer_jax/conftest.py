@@ -67,6 +67,6 @@ def config():
   """The tiny experiment config (fresh per test: tests edit it)."""
   from dockyard.validate import load_config_file
   here = os.path.dirname(os.path.abspath(__file__))
-  c = load_config_file(os.path.join(here, "..", "..", "configs", "swe.py"))
-  c.mesh.shape = (1, 1, 1)
-  return c
+  config = load_config_file(os.path.join(here, "..", "..", "configs", "swe.py"))
+  config.mesh.shape = (1, 1, 1)
+  return config
