@@ -3,7 +3,8 @@
 Used while synthesizing tasks to find FAIL_TO_PASS / PASS_TO_PASS quickly and to validate
 candidates 3x3 before the sandbox exists; it mirrors the sandbox's conventions (PYTHONPATH is
 `<tree>/src` if present else `<tree>`, plugin autoload off, `-p no:cacheprovider`, the venv's
-Python) but it does NOT isolate anything: run it only on trees the builder made itself.
+Python by default; `python=` names another interpreter) but it does NOT isolate anything: run it
+only on trees the builder made itself (or, for `dockyard.data.mine`, repositories the user trusts).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ class TestRun:
   timed_out: bool = False
   returncode: int = 0
   output_tail: str = ""
+  collected: list[str] = dataclasses.field(default_factory=list)   # record_collected: every item's id
 
   def passed(self) -> set[str]:
     return {t for t, s in self.statuses.items() if s == "passed"}
@@ -47,8 +49,14 @@ def _limits(memory_mb: int):
 
 
 def run_pytest(tree: str, test_files: Sequence[str], timeout_s: float = 60.0,
-               memory_mb: int = 2048) -> TestRun:
-  """Runs pytest on `test_files` (relative to `tree`) and returns per-test outcomes."""
+               memory_mb: int = 2048, python: str | None = None,
+               record_collected: bool = False) -> TestRun:
+  """Runs pytest on `test_files` (relative to `tree`) and returns per-test outcomes.
+
+  `python`: the interpreter that runs pytest (default: this one, `sys.executable`); it needs pytest.
+  `record_collected`: also fill `TestRun.collected` with every collected item's node id, duplicates
+  kept (the `dockyard_collected` plugin), so a node id collected twice can be told apart.
+  """
   if not test_files:
     raise ValueError("run_pytest: no test files given")
   for f in test_files:
@@ -59,8 +67,15 @@ def run_pytest(tree: str, test_files: Sequence[str], timeout_s: float = 60.0,
   env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PYTHON", "COV_"))}
   env.update(PYTHONPATH=python_path(tree) + os.pathsep + PLUGIN_DIR, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
              PYTHONDONTWRITEBYTECODE="1", PYTHONHASHSEED="0", DOCKYARD_OUTCOMES=out_json)
-  cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "dockyard_outcomes",
-         "-q", "--tb=long", "-W", "ignore::DeprecationWarning", *test_files]
+  extra = []
+  collected_json = None
+  if record_collected:
+    fd, collected_json = tempfile.mkstemp(prefix="dockyard_collected_", suffix=".json")
+    os.close(fd)
+    env["DOCKYARD_COLLECTED"] = collected_json
+    extra = ["-p", "dockyard_collected"]
+  cmd = [python or sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "dockyard_outcomes",
+         *extra, "-q", "--tb=long", "-W", "ignore::DeprecationWarning", *test_files]
   proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           preexec_fn=_limits(memory_mb))
   timed_out = False
@@ -75,9 +90,16 @@ def run_pytest(tree: str, test_files: Sequence[str], timeout_s: float = 60.0,
       raw = json.load(f) if os.path.getsize(out_json) else None
   finally:
     os.unlink(out_json)
+  collected = []
+  if collected_json is not None:
+    try:
+      with open(collected_json) as f:
+        collected = json.load(f) if os.path.getsize(collected_json) else []
+    finally:
+      os.unlink(collected_json)
   tail = out.decode("utf-8", "replace")[-4000:]
   if raw is None:
-    return TestRun({}, {}, {"<session>": tail}, set(), timed_out, proc.returncode, tail)
+    return TestRun({}, {}, {"<session>": tail}, set(), timed_out, proc.returncode, tail, collected)
   statuses, failures, xfail = {}, {}, set()
   for node, rec in raw["tests"].items():
     statuses[node] = rec["status"]
@@ -85,7 +107,7 @@ def run_pytest(tree: str, test_files: Sequence[str], timeout_s: float = 60.0,
       xfail.add(node)
     if rec["status"] in ("failed", "error"):
       failures[node] = {"message": rec.get("message", ""), "locations": rec.get("locations", [])}
-  return TestRun(statuses, failures, raw["collect_errors"], xfail, timed_out, proc.returncode, tail)
+  return TestRun(statuses, failures, raw["collect_errors"], xfail, timed_out, proc.returncode, tail, collected)
 
 
 def check_not_shadowed(tree: str, module: str) -> str:

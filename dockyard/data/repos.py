@@ -217,6 +217,8 @@ def ensure_repos(manifest: str | Sequence[Package], tasks: Iterable[Mapping] = (
                  repos_dir: str | None = None, sdist_dir: str | None = None,
                  pristine_commits: Mapping[str, str] | None = None, progress: bool = False) -> dict[str, str]:
   """Creates (or checks) every package repo and every task's base commit. Returns repo -> path.
+  A task whose repo is not in the manifest (imported, mined) must find its repository under
+  `repos_dir` already, with its base_commit; it is checked, not built.
 
   `manifest` is a path to data/swe/manifest.json (its packages and pristine commits are used) or a
   list of `Package`s. Every task's `base_commit` must come out identical, else RuntimeError.
@@ -246,7 +248,7 @@ def ensure_repos(manifest: str | Sequence[Package], tasks: Iterable[Mapping] = (
       bar.update(1)
   try:
     for task in tasks:
-      _ensure_task_commit(paths, by_repo, task)
+      _ensure_task_commit(paths, by_repo, task, repos_dir)
       if bar is not None:
         bar.update(1)
   finally:
@@ -255,9 +257,18 @@ def ensure_repos(manifest: str | Sequence[Package], tasks: Iterable[Mapping] = (
   return paths
 
 
-def _ensure_task_commit(paths: Mapping[str, str], by_repo: Mapping[str, Package], task: Mapping) -> None:
+def _ensure_task_commit(paths: Mapping[str, str], by_repo: Mapping[str, Package], task: Mapping,
+                        repos_dir: str) -> None:
   if task["repo"] not in by_repo:
-    raise ValueError(f"task {task['instance_id']}: repo {task['repo']!r} is not in the manifest")
+    # Not one of ours (imported or mined tasks): the repository is the user's to provide.
+    path = os.path.join(repos_dir, repo_dirname(task["repo"]))
+    if not os.path.isdir(path):
+      raise ValueError(f"task {task['instance_id']}: repo {task['repo']!r} is not in the manifest "
+                       f"and there is no git repository at {path} (clone it there)")
+    if _rev(path, task["base_commit"]) is None:
+      raise ValueError(f"task {task['instance_id']}: base_commit {task['base_commit']} is not a "
+                       f"commit of {path}")
+    return
   path = paths[task["repo"]]
   tag = f"refs/tags/{task['instance_id']}"
   if _rev(path, tag) == task["base_commit"]:

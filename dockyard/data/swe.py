@@ -3,8 +3,10 @@
 Reads our own `data/swe/*.jsonl` and real SWE-bench / SWE-Gym / SWE-smith files a user has on disk:
 JSONL, a JSON list, or parquet (needs pyarrow, not in the pinned stack). There, FAIL_TO_PASS and
 PASS_TO_PASS are often JSON-encoded strings; they are decoded here. Keys beyond the schema are kept
-in `extra`; dockyard's own builder metadata lives in `meta`. `SweTask.sandbox_dict(patch)` is what
-the sandbox gets: the schema keys only, with `patch` replaced by the patch under test.
+in `extra`; dockyard's own builder metadata lives in `meta`. `environment` (optional) is the
+record the sandbox builds the tests' venv from (`dockyard.sandbox.environments`; checked on load,
+attached from a registry by `python -m dockyard.data.import_swe`). `SweTask.sandbox_dict(patch)` is
+what the sandbox gets: the schema keys only, with `patch` replaced by the patch under test.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ class SweTask:
   created_at: str = ""
   hints_text: str = ""
   environment_setup_commit: str = ""
+  environment: dict[str, Any] | None = None    # the tests' venv spec; None: the executor's Python
   meta: dict[str, Any] = dataclasses.field(default_factory=dict)    # dockyard builder metadata
   extra: dict[str, Any] = dataclasses.field(default_factory=dict)   # other keys of foreign files
 
@@ -57,6 +60,13 @@ class SweTask:
           kw[key] = str(kw[key])   # SWE-bench versions like 3.0 are sometimes numbers
         if not isinstance(kw[key], str):
           raise ValueError(f"{where} ({name}): {key} must be a string, got {type(kw[key]).__name__}")
+    if kw.get("environment") is not None:
+      from dockyard.sandbox.environments import EnvironmentSpecError, parse_spec
+      try:
+        parse_spec(kw["environment"])
+      except EnvironmentSpecError as e:
+        raise ValueError(f"{where} ({name}): {e}") from None
+      kw["environment"] = dict(kw["environment"])
     if kw["repo"].count("/") != 1:
       raise ValueError(f"{where} ({name}): repo must be 'owner/name', got {kw['repo']!r}")
     meta = rec.get("meta") or {}
@@ -68,12 +78,16 @@ class SweTask:
     extra = d.pop("extra")
     if not d["meta"]:
       d.pop("meta")
+    if d["environment"] is None:
+      d.pop("environment")
     d.update(extra)
     return d
 
   def sandbox_dict(self, patch: str | None = None) -> dict[str, Any]:
     """The wire-format task: schema keys only, `patch` replaced by the patch under test."""
     d = {k: getattr(self, k) for k in SANDBOX_KEYS}
+    if self.environment is not None:
+      d["environment"] = self.environment
     if patch is not None:
       d["patch"] = patch
     return d

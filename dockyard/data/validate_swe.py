@@ -1,12 +1,17 @@
-r"""Validates SWE task records through the real sandbox: gold patch resolves N/N, empty patch 0/N.
+r"""Validates SWE task records through the real sandbox: gold patch resolves N/N, no fix 0/N.
 
   python -m dockyard.data.validate_swe --tasks data/swe/tiny/train.jsonl               # local executor
   python -m dockyard.data.validate_swe --tasks data/swe/train.jsonl --url http://host:9090 --repeats 3
 
 Each repeat submits every task twice through `SandboxClient.run_many`: once with its gold patch and
-once with the empty patch (the wire task is the record's schema keys with `patch` replaced). A task
-passes when the gold run is resolved every time and the empty run never is. The repos the tasks
-name must exist where the sandbox looks (`python -m dockyard.data.build_swe_tasks --setup_repos`).
+once without a fix (the wire task is the record's schema keys with `patch` replaced). "Without a
+fix" is `NULL_PATCH`, a patch that only adds a text file: the executor refuses an empty patch
+before running anything, so an empty patch would prove nothing; this one makes the tests run on
+base_commit + test_patch and must not resolve. A task passes when the gold run is resolved every
+time and the no-fix run ran its tests and never resolved. A task with an `environment` is graded
+in it (built on first use); a build failure is reported as such, not as a failing gold patch.
+The repos the tasks name must exist where the sandbox looks (`python -m
+dockyard.data.build_swe_tasks --setup_repos`, or `owner__name` clones for imported or mined tasks).
 """
 from __future__ import annotations
 
@@ -21,6 +26,10 @@ from typing import Any, Sequence
 
 from dockyard.data import swe
 
+NULL_FILE = "dockyard_validate_no_fix.txt"
+NULL_PATCH = (f"diff --git a/{NULL_FILE} b/{NULL_FILE}\nnew file mode 100644\n--- /dev/null\n"
+              f"+++ b/{NULL_FILE}\n@@ -0,0 +1 @@\n+validate_swe: a patch that fixes nothing\n")
+
 
 @dataclasses.dataclass
 class TaskCheck:
@@ -28,7 +37,7 @@ class TaskCheck:
   gold_resolved: int = 0
   empty_resolved: int = 0
   runs: int = 0
-  reasons: list[str] = dataclasses.field(default_factory=list)   # why gold failed / empty passed
+  reasons: list[str] = dataclasses.field(default_factory=list)   # why gold failed / no-fix passed
 
   @property
   def ok(self) -> bool:
@@ -51,7 +60,7 @@ async def check_tasks(client, tasks: Sequence[swe.SweTask], repeats: int = 3) ->
     raise ValueError(f"repeats must be >= 1, got {repeats}")
   checks = [TaskCheck(t.instance_id) for t in tasks]
   for _ in range(repeats):
-    wire = [t.sandbox_dict(t.patch) for t in tasks] + [t.sandbox_dict("") for t in tasks]
+    wire = [t.sandbox_dict(t.patch) for t in tasks] + [t.sandbox_dict(NULL_PATCH) for t in tasks]
     verdicts = await client.run_many(wire)
     if len(verdicts) != len(wire):
       raise RuntimeError(f"run_many returned {len(verdicts)} verdicts for {len(wire)} tasks")
@@ -64,7 +73,11 @@ async def check_tasks(client, tasks: Sequence[swe.SweTask], repeats: int = 3) ->
         c.reasons.append(f"gold not resolved: {_field(gold, 'reason', '')}")
       if _field(empty, "resolved"):
         c.empty_resolved += 1
-        c.reasons.append("empty patch resolved")
+        c.reasons.append("no-fix patch resolved")
+      elif not _field(empty, "patch_applied") or _field(empty, "findings"):
+        c.empty_resolved += 1   # the tests did not run as they should: not a pass of the check
+        c.reasons.append(f"no-fix run inconclusive: {_field(empty, 'reason', '')} "
+                         f"{_field(empty, 'findings', [])}")
   return checks
 
 
@@ -97,10 +110,10 @@ def main(argv=None) -> int:
   checks = asyncio.run(check_with_sandbox(tasks, a.url, a.repeats))
   bad = [c for c in checks if not c.ok]
   for c in bad:
-    print(f"FAIL {c.instance_id}: gold {c.gold_resolved}/{c.runs}, empty {c.empty_resolved}/{c.runs}: "
+    print(f"FAIL {c.instance_id}: gold {c.gold_resolved}/{c.runs}, no fix {c.empty_resolved}/{c.runs}: "
           f"{'; '.join(c.reasons[:3])}")
   print(f"{len(checks) - len(bad)}/{len(checks)} tasks pass sandbox validation "
-        f"(gold {a.repeats}/{a.repeats}, empty 0/{a.repeats})")
+        f"(gold {a.repeats}/{a.repeats}, no fix 0/{a.repeats})")
   if a.report:
     with open(a.report, "w") as f:
       json.dump([dict(dataclasses.asdict(c), ok=c.ok) for c in checks], f, indent=1)

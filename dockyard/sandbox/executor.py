@@ -10,6 +10,9 @@ applied; a randomly named canary test and poisoned twins of some FAIL_TO_PASS te
 executor answers, per item and only after its body ran, which items are twins); pytest run under
 bubblewrap through our launcher (trusted imports before any repo code, configuration on a pipe
 it consumes) with our reporting plugin writing to a pipe; what the run wrote checked; grading.
+A task with an `environment` runs in that venv (built once per spec, `environments.py`): only it
+and its base interpreter are mounted, never the executor's own venv; a failed build is a verdict
+with the finding `environment_error`, not a wrong patch.
 
 The common case is ONE sandbox run: a patch with no finding that touches no config file needs
 nothing restored and no config read between apply and tests, so the test_patch is applied on the
@@ -31,13 +34,13 @@ import posixpath
 import secrets
 import shlex
 import shutil
-import sys
 import tempfile
 import time
 from typing import Any
 
 from dockyard.sandbox import grading, integrity, twins
 from dockyard.sandbox.cache import RepoCache, RepoError
+from dockyard.sandbox.environments import EnvironmentBuildError, EnvironmentCache, Interpreter
 from dockyard.sandbox.isolation import (SANDBOX_UID, WORKDIR, Limits, Output, View,
                                         check_host, pipe_with)
 from dockyard.sandbox.task import Task, parse_task
@@ -86,6 +89,10 @@ class Verdict:
     return dataclasses.asdict(self)
 
 
+def _spare_key(lower: str, interpreter: Interpreter | None) -> tuple[str, str]:
+  return lower, interpreter.key if interpreter is not None else "host"
+
+
 class _Timer:
   def __init__(self, timings: dict[str, float], name: str):
     self.timings, self.name = timings, name
@@ -104,13 +111,14 @@ class Executor:
     check_host()
     self.max_twins = max_twins  # poisoned twins per run (each re-runs one FAIL_TO_PASS test)
     self.cache = RepoCache(repos_dir, cache_dir)
+    self.envs = EnvironmentCache(self.cache.cache_dir)
     self.slots = slots or os.cpu_count() or 1
     if self.slots < 1:
       raise ValueError(f"slots: expected >= 1, got {slots}")
     self.limits = limits or Limits()
     self._sem = asyncio.Semaphore(self.slots)
     self.running = 0
-    self._spares: dict[str, asyncio.Future[View]] = {}   # lower tree -> a view being started
+    self._spares: dict[tuple, asyncio.Future[View]] = {}   # (tree, env) -> a view being started
     self._tested: collections.OrderedDict = collections.OrderedDict()   # see _test_patched
 
   async def run(self, task: dict) -> dict:
@@ -142,18 +150,26 @@ class Executor:
       try:
         with _Timer(v.timings, "prepare"):
           lower = await self.cache.tree(task.repo, task.base_commit)
-          view = await self._take_view(lower)
+          interpreter = None
+          if task.environment is not None:
+            try:
+              interpreter = await self.envs.ensure(task.environment)
+            except EnvironmentBuildError as e:   # the task set's fault, not the patch's
+              v.reason = f"environment: {e}"
+              v.findings.append("environment_error")
+              return
+          view = await self._take_view(lower, interpreter)
         async with view:
           await self._in_view(task, v, view, lower, test_patch_paths)
       finally:
         self.running -= 1
 
-  async def _take_view(self, lower: str) -> View:
+  async def _take_view(self, lower: str, interpreter: Interpreter | None = None) -> View:
     """A fresh view of `lower`: the spare started for it, if any, else a new one. A spare for
     the same tree is started while a run's tests run (`_start_spare`: pytest keeps one core
     busy; a GRPO group grades several samples of one task in a row), at most `slots` spares in
     all; each is a fresh view, never a used one."""
-    spare = self._spares.pop(lower, None)
+    spare = self._spares.pop(_spare_key(lower, interpreter), None)
     view = None
     if spare is not None:
       try:
@@ -164,18 +180,20 @@ class Executor:
         await view.close()
         view = None
     if view is None:
-      view = await self._new_view(lower)
+      view = await self._new_view(lower, interpreter)
     return view
 
-  def _start_spare(self, lower: str) -> None:
-    if lower in self._spares:
+  def _start_spare(self, lower: str, interpreter: Interpreter | None) -> None:
+    key = _spare_key(lower, interpreter)
+    if key in self._spares:
       return
     while len(self._spares) >= self.slots:
       asyncio.ensure_future(self._close_spare(self._spares.pop(next(iter(self._spares)))))
-    self._spares[lower] = asyncio.ensure_future(self._new_view(lower))
+    self._spares[key] = asyncio.ensure_future(self._new_view(lower, interpreter))
 
-  async def _new_view(self, lower: str) -> View:
-    return await View(lower, self.limits, binds=[(PLUGIN_DIR, PLUGIN_MOUNT)]).start()
+  async def _new_view(self, lower: str, interpreter: Interpreter | None) -> View:
+    return await View(lower, self.limits, binds=[(PLUGIN_DIR, PLUGIN_MOUNT)],
+                      interpreter=interpreter).start()
 
   @staticmethod
   async def _close_spare(spare: "asyncio.Future[View]") -> None:
@@ -350,7 +368,7 @@ class Executor:
       twin_list = self._twins(view, task, tail)
     before = await asyncio.to_thread(view.snapshot_upper)
 
-    self._start_spare(lower)
+    self._start_spare(lower, view.interpreter)
     with _Timer(v.timings, "tests"):
       exit_code, timed_out, report, output, oracle_findings, apply_log = await self._pytest(
           view, task, canary_file, lower, [t.name for t in twin_list], tail, apply_first)
@@ -436,13 +454,15 @@ class Executor:
                        "--color=no",
                        # A file that fails to import must not stop the others (or the canary).
                        "--continue-on-collection-errors",
+                       # The task environment's own options (trusted: the task set's, not the agent's).
+                       *view.interpreter.pytest_args,
                        # Absolute paths: no test id can ever read as an option.
                        *[f"{WORKDIR}/{p}" for p in (*task.test_files, canary_file)]]}
     config_fd = pipe_with(json.dumps(config).encode())
     env = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     # -P: neither the script's directory nor the cwd goes on sys.path; -s: no user site; the
     # environment has no PYTHONPATH: the interpreter starts on the stdlib and site-packages only.
-    argv = [sys.executable, "-P", "-s", "-B", f"{PLUGIN_MOUNT}/{LAUNCHER}", str(config_fd)]
+    argv = [view.interpreter.executable, "-P", "-s", "-B", f"{PLUGIN_MOUNT}/{LAUNCHER}", str(config_fd)]
     ro = [canary_file] + [p for p in task.test_files if os.path.lexists(view.host_path("work", p))]
     report_task = asyncio.ensure_future(_read_fd(read_fd))
     oracle_task = asyncio.ensure_future(_answer_twins(ask_r, answer_w, frozenset(twin_names)))

@@ -4,7 +4,8 @@ A `View` is one task's workspace. A small root "holder" process lives in its own
 (`unshare --mount`) where it mounts a size-limited tmpfs (the run's disk budget) at MOUNT_POINT
 and an overlayfs on it: the cached tree is the read-only lower layer, the tmpfs holds the upper
 layer, so a run sees a private writable copy and the cache is never written (no hardlinks). Host
-paths the sandbox needs but the sandbox user may not traverse (the Python under /root) are bound
+paths the sandbox needs but the sandbox user may not traverse (the run's Python: the executor's or a
+task environment's venv, e.g. under /root) are bound
 into the tmpfs by root. Every command then enters that namespace and drops to an unprivileged
 uid and no supplementary groups in one step (`nsenter --setuid --setgid`), and runs under `bwrap --unshare-all` (new user, pid, net, ipc, uts
 namespaces: no network; read-only system; tmpfs /tmp and $HOME; only /testbed writable), with
@@ -20,11 +21,12 @@ import dataclasses
 import json
 import os
 import signal
-import sys
 import tempfile
 import threading
 import time
 from typing import Sequence
+
+from dockyard.sandbox.environments import Interpreter, host_interpreter
 
 MOUNT_POINT = os.path.join(tempfile.gettempdir(), "dockyard-sandbox-mnt")
 SANDBOX_UID = 65534           # nobody: not root, so RLIMIT_NPROC applies
@@ -117,19 +119,6 @@ def _system_binds() -> list[str]:
   return args
 
 
-def host_binds() -> list[str]:
-  """Host directories the sandbox needs at their own paths: the executor's Python."""
-  paths = [sys.prefix, os.path.realpath(sys.base_prefix),
-           os.path.dirname(os.path.realpath(sys.executable))]
-  out = []
-  for p in paths:
-    if p.startswith(("/usr/", "/etc/")) or p in ("/usr", "/etc"):
-      continue
-    if not any(p == q or p.startswith(q + "/") for q in out):
-      out.append(p)
-  return out
-
-
 def check_host() -> None:
   """Fails with a clear message when this machine cannot run the sandbox."""
   if os.geteuid() != 0:
@@ -171,11 +160,15 @@ mount -t overlay overlay -o "lowerdir=$LOWER,upperdir=$M/up,workdir=$M/wk" "$M/w
 class View:
   """One run's private copy-on-write tree (see the module docstring). Use `async with`."""
 
-  def __init__(self, lower: str, limits: Limits, binds: Sequence[tuple[str, str]] = ()):
-    """`binds`: extra (host dir, sandbox path) pairs mounted read-only."""
+  def __init__(self, lower: str, limits: Limits, binds: Sequence[tuple[str, str]] = (),
+               interpreter: Interpreter | None = None):
+    """`binds`: extra (host dir, sandbox path) pairs mounted read-only. `interpreter`: the
+    Python the runs use (its directories mounted read-only, its bin first on PATH); default: the
+    executor's own. Nothing else of the host's Python is visible."""
     self.lower = lower
     self.limits = limits
-    self.binds = [(p, p) for p in host_binds()] + list(binds)
+    self.interpreter = interpreter or host_interpreter()
+    self.binds = [(p, p) for p in self.interpreter.binds] + list(binds)
     self._holder: asyncio.subprocess.Process | None = None
 
   async def __aenter__(self) -> "View":
@@ -262,7 +255,7 @@ class View:
       args += ["--size", "4096", "--tmpfs", f"{WORKDIR}/{rel}", "--remount-ro", f"{WORKDIR}/{rel}"]
     base_env = {"HOME": HOME, "TMPDIR": "/tmp", "TZ": "UTC", "PYTHONHASHSEED": "0",
                 "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
-                "PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin"}
+                "PATH": f"{self.interpreter.bin_dir}:/usr/local/bin:/usr/bin:/bin"}
     for key, value in {**base_env, **env}.items():
       args += ["--setenv", key, value]
     if info_fd is not None:

@@ -44,13 +44,13 @@ import os
 import re
 import secrets
 import signal
-import sys
 import time
 from typing import Any
 
 from dockyard.sandbox import isolation
 from dockyard.sandbox.isolation import WORKDIR, Output, View, pipe_with
 from dockyard.sandbox.cache import spec_tree
+from dockyard.sandbox.environments import EnvironmentBuildError
 from dockyard.sandbox.task import TaskError, TerminalTask, is_terminal, parse_task, parse_terminal_task
 
 TOOLS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_session")
@@ -160,6 +160,7 @@ class SessionManager:
                               "end one or retry later")
     self._pending += 1
     try:
+      interpreter = None
       if terminal is not None:   # the starting directory: files from the spec, then its setup
         lower = await asyncio.to_thread(spec_tree, self.executor.cache.cache_dir, terminal.files,
                                         isolation.SANDBOX_UID)
@@ -170,7 +171,12 @@ class SessionManager:
         except Exception as e:   # RepoError: the task names what this executor does not hold
           raise SessionError(422, f"repo: {e}") from None
         binds = [(TOOLS_DIR, TOOLS_MOUNT), (os.path.join(lower, ".git"), BASE_GIT_MOUNT)]
-      view = View(lower, self.executor.limits, binds=binds)
+        if parsed.environment is not None:   # the agent's commands see the task's Python
+          try:
+            interpreter = await self.executor.envs.ensure(parsed.environment)
+          except EnvironmentBuildError as e:
+            raise SessionError(422, f"environment: {e}") from None
+      view = View(lower, self.executor.limits, binds=binds, interpreter=interpreter)
       await view.__aenter__()
       if terminal is not None and terminal.setup.strip():
         try:
@@ -285,7 +291,7 @@ class SessionManager:
       raise SessionError(422, "body: expected a JSON object of the tool's arguments")
     s = self.get(sid)
     request = json.dumps({"tool": name, "args": args}).encode()
-    run = await self._run(s, [sys.executable, "-P", "-s", "-B", f"{TOOLS_MOUNT}/dockyard_tools.py"],
+    run = await self._run(s, [s.view.interpreter.executable, "-P", "-s", "-B", f"{TOOLS_MOUNT}/dockyard_tools.py"],
                           self.executor.limits.timeout_s, stdin=request, output_bytes=4 << 20)
     self.counters[f"session_tool_{name}_total"] += 1
     try:

@@ -1,7 +1,8 @@
 """The task record the sandbox grades: SWE-bench's instance schema plus the agent's patch.
 
 `parse_task` turns a JSON dict from the wire into a `Task`, or raises `TaskError` naming the field
-that is wrong. FAIL_TO_PASS / PASS_TO_PASS may be lists or SWE-bench's JSON-encoded strings.
+that is wrong. FAIL_TO_PASS / PASS_TO_PASS may be lists or SWE-bench's JSON-encoded strings. An
+optional `environment` names the venv the tests run in (`dockyard.sandbox.environments`).
 """
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import dataclasses
 import json
 import re
 from typing import Any, Mapping
+
+from dockyard.sandbox import environments
 
 _REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _COMMIT_RE = re.compile(r"^[0-9a-fA-F]{7,64}$")
@@ -29,6 +32,7 @@ class Task:
   fail_to_pass: tuple[str, ...]
   pass_to_pass: tuple[str, ...]
   version: str | None = None
+  environment: environments.EnvSpec | None = None   # None: the executor's own interpreter
 
   @property
   def expected_tests(self) -> tuple[str, ...]:
@@ -87,10 +91,15 @@ def parse_task(task: Any) -> Task:
   if not f2p and not p2p:
     raise TaskError("FAIL_TO_PASS: no tests to run (FAIL_TO_PASS and PASS_TO_PASS both empty)")
   version = task.get("version")
+  env = task.get("environment")
+  try:
+    spec = None if env is None else environments.parse_spec(env)
+  except environments.EnvironmentSpecError as e:
+    raise TaskError(str(e)) from None
   return Task(
       instance_id=task["instance_id"], repo=task["repo"], base_commit=task["base_commit"],
       patch=task["patch"], test_patch=task["test_patch"], fail_to_pass=f2p, pass_to_pass=p2p,
-      version=None if version is None else str(version))
+      version=None if version is None else str(version), environment=spec)
 
 
 # --- terminal tasks: a starting directory built from a spec, and a checker run after the episode ---

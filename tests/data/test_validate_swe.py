@@ -1,7 +1,7 @@
 """The sandbox validation logic (`check_tasks`), driven by a stand-in client that grades patches.
 
 The stand-in is only the far side of `run_many`; what is tested is the bookkeeping around it: what
-gets submitted (schema keys, gold vs empty patch) and how verdicts turn into pass / fail.
+gets submitted (schema keys, gold vs the no-fix patch) and how verdicts turn into pass / fail.
 """
 import pytest
 
@@ -17,7 +17,8 @@ class Client:
 
   async def run_many(self, tasks):
     self.seen.append(tasks)
-    return [{"resolved": self.resolves(t), "reason": "tests failed"} for t in tasks]
+    return [{"resolved": self.resolves(t), "reason": "tests failed", "patch_applied": True,
+             "findings": []} for t in tasks]
 
 
 async def test_gold_and_empty_submitted_each_repeat():
@@ -26,14 +27,35 @@ async def test_gold_and_empty_submitted_each_repeat():
   assert check.ok and (check.gold_resolved, check.empty_resolved, check.runs) == (3, 0, 3)
   assert len(client.seen) == 3
   for batch in client.seen:
-    assert [t["patch"] for t in batch] == ["GOLD", ""]
+    assert [t["patch"] for t in batch] == ["GOLD", validate_swe.NULL_PATCH]
     assert all(set(t) == set(swe.SANDBOX_KEYS) for t in batch)   # no builder metadata on the wire
 
 
 async def test_bad_tasks_are_flagged():
   (check,) = await validate_swe.check_tasks(Client(lambda t: True), [TASK], repeats=2)
-  assert not check.ok and check.empty_resolved == 2 and "empty patch resolved" in check.reasons
+  assert not check.ok and check.empty_resolved == 2 and "no-fix patch resolved" in check.reasons
   (check,) = await validate_swe.check_tasks(Client(lambda t: False), [TASK], repeats=1)
   assert not check.ok and check.gold_resolved == 0 and "tests failed" in check.reasons[0]
   with pytest.raises(ValueError, match="repeats must be >= 1"):
     await validate_swe.check_tasks(Client(lambda t: True), [TASK], repeats=0)
+
+
+async def test_a_no_fix_run_that_did_not_test_is_not_a_pass():
+  """The no-fix side passes only when its tests ran: a refused or unapplied patch proves nothing."""
+  class Refusing(Client):
+    async def run_many(self, tasks):
+      return [{"resolved": t["patch"] == "GOLD", "patch_applied": t["patch"] == "GOLD",
+               "findings": [], "reason": "patch does not apply"} for t in tasks]
+  (check,) = await validate_swe.check_tasks(Refusing(None), [TASK], repeats=1)
+  assert not check.ok and check.gold_resolved == 1 and "inconclusive" in check.reasons[0]
+
+
+def test_the_no_fix_patch_applies_and_changes_no_code(tmp_path):
+  import subprocess
+  subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+  (tmp_path / "m.py").write_text("x = 1\n")
+  subprocess.run(["git", "apply", "--check", "-"], cwd=tmp_path, input=validate_swe.NULL_PATCH.encode(),
+                 check=True)
+  from dockyard.sandbox import integrity
+  assert integrity.check_patch(validate_swe.NULL_PATCH, []) == []
+  assert [p for p in integrity.patch_paths(validate_swe.NULL_PATCH)] == [validate_swe.NULL_FILE]
