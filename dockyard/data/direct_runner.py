@@ -50,12 +50,13 @@ def _limits(memory_mb: int):
 
 def run_pytest(tree: str, test_files: Sequence[str], timeout_s: float = 60.0,
                memory_mb: int = 2048, python: str | None = None,
-               record_collected: bool = False) -> TestRun:
+               record_collected: bool = False, pytest_args: Sequence[str] = ()) -> TestRun:
   """Runs pytest on `test_files` (relative to `tree`) and returns per-test outcomes.
 
   `python`: the interpreter that runs pytest (default: this one, `sys.executable`); it needs pytest.
   `record_collected`: also fill `TestRun.collected` with every collected item's node id, duplicates
   kept (the `dockyard_collected` plugin), so a node id collected twice can be told apart.
+  `pytest_args`: added before the test files (a task environment's, as the sandbox adds them).
   """
   if not test_files:
     raise ValueError("run_pytest: no test files given")
@@ -75,7 +76,7 @@ def run_pytest(tree: str, test_files: Sequence[str], timeout_s: float = 60.0,
     env["DOCKYARD_COLLECTED"] = collected_json
     extra = ["-p", "dockyard_collected"]
   cmd = [python or sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "dockyard_outcomes",
-         *extra, "-q", "--tb=long", "-W", "ignore::DeprecationWarning", *test_files]
+         *extra, "-q", "--tb=long", "-W", "ignore::DeprecationWarning", *pytest_args, *test_files]
   proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           preexec_fn=_limits(memory_mb))
   timed_out = False

@@ -476,7 +476,8 @@ class Miner:
       for side, tree, runs in (("before", before_tree, before), ("after", after_tree, after)):
         for _ in range(RUNS):
           r = direct_runner.run_pytest(tree, run_files, self.opts.timeout_s, self.opts.memory_mb,
-                                       python=self.opts.python, record_collected=True)
+                                       python=self.opts.python, record_collected=True,
+                                       pytest_args=(self.opts.environment or {}).get("pytest_args", ()))
           runs.append(r)
           if r.timed_out:
             return self._drop(entry, f"timeout_{side}", timeout_s=self.opts.timeout_s)

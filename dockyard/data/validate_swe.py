@@ -8,7 +8,10 @@ once without a fix (the wire task is the record's schema keys with `patch` repla
 fix" is `NULL_PATCH`, a patch that only adds a text file: the executor refuses an empty patch
 before running anything, so an empty patch would prove nothing; this one makes the tests run on
 base_commit + test_patch and must not resolve. A task passes when the gold run is resolved every
-time and the no-fix run ran its tests and never resolved. A task with an `environment` is graded
+time and the no-fix run ran its tests and never resolved, and every test's outcome is the one
+the record implies (what plain pytest saw when the task was made): all listed tests pass with the
+gold patch; without a fix FAIL_TO_PASS fail and PASS_TO_PASS pass. The summary prints the
+per-test agreement. A task with an `environment` is graded
 in it (built on first use); a build failure is reported as such, not as a failing gold patch.
 The repos the tasks name must exist where the sandbox looks (`python -m
 dockyard.data.build_swe_tasks --setup_repos`, or `owner__name` clones for imported or mined tasks).
@@ -38,10 +41,15 @@ class TaskCheck:
   empty_resolved: int = 0
   runs: int = 0
   reasons: list[str] = dataclasses.field(default_factory=list)   # why gold failed / no-fix passed
+  # Per test and run, the sandbox's outcome against what the record says plain pytest saw: every
+  # listed test passes with the gold patch; without a fix FAIL_TO_PASS fails, PASS_TO_PASS passes.
+  tests_checked: int = 0
+  disagreements: list[str] = dataclasses.field(default_factory=list)
 
   @property
   def ok(self) -> bool:
-    return self.runs > 0 and self.gold_resolved == self.runs and self.empty_resolved == 0
+    return (self.runs > 0 and self.gold_resolved == self.runs and self.empty_resolved == 0
+            and not self.disagreements)
 
 
 def _field(verdict: Any, name: str, default=None):
@@ -65,8 +73,9 @@ async def check_tasks(client, tasks: Sequence[swe.SweTask], repeats: int = 3) ->
     if len(verdicts) != len(wire):
       raise RuntimeError(f"run_many returned {len(verdicts)} verdicts for {len(wire)} tasks")
     n = len(tasks)
-    for c, gold, empty in zip(checks, verdicts[:n], verdicts[n:]):
+    for t, c, gold, empty in zip(tasks, checks, verdicts[:n], verdicts[n:]):
       c.runs += 1
+      _compare(c, t, _field(gold, "tests_status") or {}, _field(empty, "tests_status") or {})
       if _field(gold, "resolved"):
         c.gold_resolved += 1
       else:
@@ -79,6 +88,17 @@ async def check_tasks(client, tasks: Sequence[swe.SweTask], repeats: int = 3) ->
         c.reasons.append(f"no-fix run inconclusive: {_field(empty, 'reason', '')} "
                          f"{_field(empty, 'findings', [])}")
   return checks
+
+
+def _compare(check: TaskCheck, task: swe.SweTask, gold: dict, no_fix: dict) -> None:
+  from dockyard.sandbox.grading import PASSING
+  for test in dict.fromkeys(task.FAIL_TO_PASS + task.PASS_TO_PASS):
+    check.tests_checked += 2
+    if gold.get(test) not in PASSING:
+      check.disagreements.append(f"gold: {test} {gold.get(test, 'not run')}")
+    want_pass = test not in task.FAIL_TO_PASS
+    if (no_fix.get(test) in PASSING) != want_pass:
+      check.disagreements.append(f"no fix: {test} {no_fix.get(test, 'not run')}")
 
 
 async def check_with_sandbox(tasks: Sequence[swe.SweTask], url: str = "", repeats: int = 3) -> list[TaskCheck]:
@@ -111,7 +131,10 @@ def main(argv=None) -> int:
   bad = [c for c in checks if not c.ok]
   for c in bad:
     print(f"FAIL {c.instance_id}: gold {c.gold_resolved}/{c.runs}, no fix {c.empty_resolved}/{c.runs}: "
-          f"{'; '.join(c.reasons[:3])}")
+          f"{'; '.join((c.reasons + c.disagreements)[:3])}")
+  checked = sum(c.tests_checked for c in checks)
+  agree = checked - sum(len(c.disagreements) for c in checks)
+  print(f"per-test agreement with the records (plain pytest): {agree}/{checked} outcomes")
   print(f"{len(checks) - len(bad)}/{len(checks)} tasks pass sandbox validation "
         f"(gold {a.repeats}/{a.repeats}, no fix 0/{a.repeats})")
   if a.report:

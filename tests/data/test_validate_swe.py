@@ -18,7 +18,11 @@ class Client:
   async def run_many(self, tasks):
     self.seen.append(tasks)
     return [{"resolved": self.resolves(t), "reason": "tests failed", "patch_applied": True,
-             "findings": []} for t in tasks]
+             "findings": [], "tests_status": self.statuses(t)} for t in tasks]
+
+  def statuses(self, t):
+    fixed = t["patch"] == "GOLD"
+    return {"t.py::a": "PASSED" if fixed else "FAILED", "t.py::b": "PASSED"}
 
 
 async def test_gold_and_empty_submitted_each_repeat():
@@ -59,3 +63,16 @@ def test_the_no_fix_patch_applies_and_changes_no_code(tmp_path):
   from dockyard.sandbox import integrity
   assert integrity.check_patch(validate_swe.NULL_PATCH, []) == []
   assert [p for p in integrity.patch_paths(validate_swe.NULL_PATCH)] == [validate_swe.NULL_FILE]
+
+
+async def test_outcomes_that_disagree_with_the_record_fail_the_check():
+  """A PASS_TO_PASS test that fails without the fix, or a FAIL_TO_PASS one that passes: the record
+  does not describe what the sandbox sees."""
+  class Off(Client):
+    def statuses(self, t):
+      return {"t.py::a": "PASSED", "t.py::b": "PASSED" if t["patch"] == "GOLD" else "ERROR"}
+  (check,) = await validate_swe.check_tasks(Off(lambda t: t["patch"] == "GOLD"), [TASK], repeats=1)
+  assert not check.ok and check.tests_checked == 4
+  assert check.disagreements == ["no fix: t.py::a PASSED", "no fix: t.py::b ERROR"]
+  (good,) = await validate_swe.check_tasks(Client(lambda t: t["patch"] == "GOLD"), [TASK], repeats=1)
+  assert good.ok and good.disagreements == [] and good.tests_checked == 4
