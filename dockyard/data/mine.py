@@ -11,7 +11,8 @@ root commits, commits with only tests / only other files (docs, config) / no tes
 submodule changes, and diffs that are not UTF-8 are dropped with a reason. A kept commit's diff
 (`git diff --no-renames`) is split into `patch` (every non-test file) and `test_patch` (the test
 files). The test modules the test_patch touches (test_*.py / *_test.py that exist after the commit)
-are run with `dockyard.data.direct_runner.run_pytest` (`--python` runs them) TWICE on each side:
+are run with `dockyard.data.direct_runner.run_pytest` TWICE on each side, by `--python`, else by the
+`--environment`'s venv (built as the sandbox builds it, with its pytest_args), else this Python:
 "before" is the parent's tree + test_patch, "after" is that + patch (both through `git apply`, as
 the sandbox does); both runs of a side share one tree. A test whose status differs between the two
 runs of a side is flaky and never listed. FAIL_TO_PASS: failed/error in both before runs (a test

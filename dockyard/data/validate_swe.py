@@ -63,15 +63,23 @@ async def _maybe_await(x):
 
 
 async def check_tasks(client, tasks: Sequence[swe.SweTask], repeats: int = 3) -> list[TaskCheck]:
-  """Runs gold and empty patches `repeats` times through `client.run_many`."""
+  """Runs gold and no-fix patches `repeats` times through `client.run` (all of a repeat at once;
+  the client bounds what is in flight). A task the sandbox gives no verdict for (SandboxError:
+  deadline, every executor lost) counts as a failed run of that side, with the error as reason."""
   if repeats < 1:
     raise ValueError(f"repeats must be >= 1, got {repeats}")
   checks = [TaskCheck(t.instance_id) for t in tasks]
   for _ in range(repeats):
     wire = [t.sandbox_dict(t.patch) for t in tasks] + [t.sandbox_dict(NULL_PATCH) for t in tasks]
-    verdicts = await client.run_many(wire)
-    if len(verdicts) != len(wire):
-      raise RuntimeError(f"run_many returned {len(verdicts)} verdicts for {len(wire)} tasks")
+    got = await asyncio.gather(*(client.run(w) for w in wire), return_exceptions=True)
+    verdicts = []
+    for w, v in zip(wire, got):
+      if isinstance(v, BaseException):
+        if not isinstance(v, Exception) or isinstance(v, (TypeError, AttributeError)):
+          raise v   # a bug, not a sandbox that failed to answer
+        v = {"resolved": False, "patch_applied": False, "findings": ["no_verdict"],
+             "reason": f"no verdict: {type(v).__name__}: {v}"}
+      verdicts.append(v)
     n = len(tasks)
     for t, c, gold, empty in zip(tasks, checks, verdicts[:n], verdicts[n:]):
       c.runs += 1
@@ -101,7 +109,8 @@ def _compare(check: TaskCheck, task: swe.SweTask, gold: dict, no_fix: dict) -> N
       check.disagreements.append(f"no fix: {test} {no_fix.get(test, 'not run')}")
 
 
-async def check_with_sandbox(tasks: Sequence[swe.SweTask], url: str = "", repeats: int = 3) -> list[TaskCheck]:
+async def check_with_sandbox(tasks: Sequence[swe.SweTask], url: str = "", repeats: int = 3,
+                             max_in_flight: int = 4, timeout_s: float = 900.0) -> list[TaskCheck]:
   """Starts a local executor unless `url` is given, then runs `check_tasks`."""
   from dockyard.sandbox.client import SandboxClient
   async with contextlib.AsyncExitStack() as stack:
@@ -109,7 +118,9 @@ async def check_with_sandbox(tasks: Sequence[swe.SweTask], url: str = "", repeat
       from dockyard.sandbox.local import local_executor
       cm = local_executor()   # sync or async context manager; either yields the URL
       url = await (stack.enter_async_context(cm) if hasattr(cm, "__aenter__") else _maybe_await(stack.enter_context(cm)))
-    client = SandboxClient(url)
+    # Few in flight: a task's deadline starts when it is sent, so a deep server queue of big
+    # suites would time out tasks that only waited.
+    client = SandboxClient(url, request_timeout_s=timeout_s, max_in_flight=max_in_flight)
     try:
       return await check_tasks(client, tasks, repeats)
     finally:
@@ -124,10 +135,12 @@ def main(argv=None) -> int:
   ap.add_argument("--url", default="", help="a running executor; default: start a local one")
   ap.add_argument("--repeats", type=int, default=3)
   ap.add_argument("--limit", type=int, default=None)
+  ap.add_argument("--max_in_flight", type=int, default=4, help="tasks sent to the sandbox at once")
+  ap.add_argument("--timeout_s", type=float, default=900.0, help="per task, from when it is sent")
   ap.add_argument("--report", default="", help="write per-task results here (JSON)")
   a = ap.parse_args(argv)
   tasks = swe.load_tasks(a.tasks, limit=a.limit)
-  checks = asyncio.run(check_with_sandbox(tasks, a.url, a.repeats))
+  checks = asyncio.run(check_with_sandbox(tasks, a.url, a.repeats, a.max_in_flight, a.timeout_s))
   bad = [c for c in checks if not c.ok]
   for c in bad:
     print(f"FAIL {c.instance_id}: gold {c.gold_resolved}/{c.runs}, no fix {c.empty_resolved}/{c.runs}: "

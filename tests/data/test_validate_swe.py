@@ -15,10 +15,10 @@ class Client:
   def __init__(self, resolves):
     self.resolves, self.seen = resolves, []
 
-  async def run_many(self, tasks):
-    self.seen.append(tasks)
-    return [{"resolved": self.resolves(t), "reason": "tests failed", "patch_applied": True,
-             "findings": [], "tests_status": self.statuses(t)} for t in tasks]
+  async def run(self, t):
+    self.seen.append(t)
+    return {"resolved": self.resolves(t), "reason": "tests failed", "patch_applied": True,
+            "findings": [], "tests_status": self.statuses(t)}
 
   def statuses(self, t):
     fixed = t["patch"] == "GOLD"
@@ -29,10 +29,8 @@ async def test_gold_and_empty_submitted_each_repeat():
   client = Client(lambda t: t["patch"] == "GOLD")
   (check,) = await validate_swe.check_tasks(client, [TASK], repeats=3)
   assert check.ok and (check.gold_resolved, check.empty_resolved, check.runs) == (3, 0, 3)
-  assert len(client.seen) == 3
-  for batch in client.seen:
-    assert [t["patch"] for t in batch] == ["GOLD", validate_swe.NULL_PATCH]
-    assert all(set(t) == set(swe.SANDBOX_KEYS) for t in batch)   # no builder metadata on the wire
+  assert [t["patch"] for t in client.seen] == ["GOLD", validate_swe.NULL_PATCH] * 3
+  assert all(set(t) == set(swe.SANDBOX_KEYS) for t in client.seen)   # no builder metadata on the wire
 
 
 async def test_bad_tasks_are_flagged():
@@ -47,9 +45,9 @@ async def test_bad_tasks_are_flagged():
 async def test_a_no_fix_run_that_did_not_test_is_not_a_pass():
   """The no-fix side passes only when its tests ran: a refused or unapplied patch proves nothing."""
   class Refusing(Client):
-    async def run_many(self, tasks):
-      return [{"resolved": t["patch"] == "GOLD", "patch_applied": t["patch"] == "GOLD",
-               "findings": [], "reason": "patch does not apply"} for t in tasks]
+    async def run(self, t):
+      return {"resolved": t["patch"] == "GOLD", "patch_applied": t["patch"] == "GOLD",
+              "findings": [], "reason": "patch does not apply", "tests_status": self.statuses(t)}
   (check,) = await validate_swe.check_tasks(Refusing(None), [TASK], repeats=1)
   assert not check.ok and check.gold_resolved == 1 and "inconclusive" in check.reasons[0]
 
@@ -76,3 +74,15 @@ async def test_outcomes_that_disagree_with_the_record_fail_the_check():
   assert check.disagreements == ["no fix: t.py::a PASSED", "no fix: t.py::b ERROR"]
   (good,) = await validate_swe.check_tasks(Client(lambda t: t["patch"] == "GOLD"), [TASK], repeats=1)
   assert good.ok and good.disagreements == [] and good.tests_checked == 4
+
+
+async def test_a_task_without_a_verdict_fails_its_side_and_the_rest_go_on():
+  from dockyard.sandbox.client import SandboxError
+  class Slow(Client):
+    async def run(self, t):
+      if t["patch"] == "GOLD":
+        raise SandboxError("task 'o__n-1': no verdict within 600.0 s")
+      return await super().run(t)
+  (check,) = await validate_swe.check_tasks(Slow(lambda t: False), [TASK], repeats=2)
+  assert not check.ok and check.gold_resolved == 0 and check.runs == 2
+  assert check.reasons[0].startswith("gold not resolved: no verdict: SandboxError: task 'o__n-1'")

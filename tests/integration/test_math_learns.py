@@ -38,17 +38,22 @@ def _read(path):
     return [json.loads(line) for line in f if line.strip()]
 
 
+def _launch(workdir, steps):
+  cmd = [sys.executable, "-m", "dockyard.launch", "--config=configs/math.py", f"--workdir={workdir}",
+         f"--config.grpo.max_num_steps={steps}", f"--config.grpo.val_period={VAL_PERIOD}",
+         "--config.checkpoint.save_period=1000", "--config.logging.tensorboard=False"]
+  env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+  proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, f"launch failed (rc={proc.returncode}):\n{proc.stderr[-4000:]}"
+  return proc
+
+
 @pytest.fixture(scope="module")
 def short_run(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("math_learns"))
-  cmd = [sys.executable, "-m", "dockyard.launch", "--config=configs/math.py", f"--workdir={workdir}",
-         f"--config.grpo.max_num_steps={STEPS}", f"--config.grpo.val_period={VAL_PERIOD}",
-         "--config.checkpoint.save_period=1000", "--config.logging.tensorboard=False"]
-  env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
   t0 = time.perf_counter()
-  proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  proc = _launch(workdir, STEPS)
   wall = time.perf_counter() - t0
-  assert proc.returncode == 0, f"launch failed (rc={proc.returncode}):\n{proc.stderr[-4000:]}"
   rows = _read(os.path.join(workdir, "metrics.jsonl"))
   print(f"\nshort math run: {wall:.0f} s wall, workdir {workdir}")
   return workdir, rows, proc.stdout
@@ -95,3 +100,27 @@ def test_run_records_the_curve(short_run):
   workdir, _, stdout = short_run
   assert os.path.getsize(os.path.join(workdir, "curves.png")) > 10_000
   assert "val/accuracy at end" in stdout
+
+
+def _not_timing(key):
+  return not (key.startswith(("time/", "perf/")) or key.endswith(("_s", "per_s")))
+
+
+def test_same_seed_same_machine_gives_equal_metrics(short_run, tmp_path):
+  """Repeatability, as far as a test shows it: a second run of the same config and seed on the
+  same machine (shorter: the learning rate is constant, so its steps are the first steps of the
+  long run) logs the same value for every metric but wall-clock times, step by step, the SFT
+  warm start, sampling, rewards, losses, refit canary and validations included."""
+  _, rows, _ = short_run
+  workdir = str(tmp_path / "again")
+  _launch(workdir, VAL_PERIOD)
+  again = _read(os.path.join(workdir, "metrics.jsonl"))
+  # The SFT warm start's rows (their own step count) and the GRPO / validation rows to VAL_PERIOD.
+  first = [r for r in rows if any(k.startswith("sft/") for k in r) or r.get("step", 1e9) <= VAL_PERIOD]
+  assert len(again) == len(first) and len(again) > VAL_PERIOD, (len(again), len(first))
+  compared = 0
+  for a, b in zip(first, again):
+    keys = sorted(k for k in set(a) | set(b) if _not_timing(k))
+    assert {k: a.get(k) for k in keys} == {k: b.get(k) for k in keys}, f"step {a.get('step')} differs"
+    compared += len(keys)
+  assert compared > 20 * VAL_PERIOD
