@@ -425,7 +425,7 @@ def main():
     dockyard_config(settings)   # fails here, before any child starts, on a bad setting
   except validate.ConfigError as e:
     sys.exit(f"error: {e}")
-  print(f"peer_trl ({size}): model {s['model_dir']}, trl {trl.__version__}", flush=True)
+  print(f"peer_trl ({size}): model {settings['model_dir']}, trl {trl.__version__}", flush=True)
   print("settings (both sides): " + ", ".join(f"{k}={v}" for k, v in settings.items() if k != "model_dir"),
         flush=True)
 
@@ -442,7 +442,7 @@ def main():
              f"{tr['expected_prompts']}")
   for name, r in (("dockyard", dy), ("trl", tr)):
     if r["steps"] != settings["steps"]:
-      sys.exit(f"the {name} side ran {r['steps']} steps, not {s['steps']}")
+      sys.exit(f"the {name} side ran {r['steps']} steps, not {settings['steps']}")
   dy_step, tr_step = mean(steady(dy["step_s"])), mean(steady(tr["step_s"]))
   print(f"dockyard: {dy['steps']} steps, step times {fmt(dy['step_s'])} s, mean without the first "
         f"{dy_step:.2f} s (generate {mean(steady(dy['parts']['generate'])):.2f}, score "

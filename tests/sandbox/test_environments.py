@@ -213,8 +213,8 @@ async def test_mined_tasks_validate_in_their_environment(setup):
   assert task.PASS_TO_PASS == ["tests/test_width.py::test_ascii"] and task.environment == SPEC
 
   class Local:   # the executor in-process as validate_swe's client
-    async def run_many(self, tasks):
-      return await asyncio.gather(*(executor.run(t) for t in tasks))
+    async def run(self, task):
+      return await executor.run(task)
 
   (check,) = await validate_swe.check_tasks(Local(), [task], repeats=2)
   assert check.ok and (check.gold_resolved, check.empty_resolved) == (2, 0), check
