@@ -71,15 +71,7 @@ async def check_tasks(client, tasks: Sequence[swe.SweTask], repeats: int = 3) ->
   checks = [TaskCheck(t.instance_id) for t in tasks]
   for _ in range(repeats):
     wire = [t.sandbox_dict(t.patch) for t in tasks] + [t.sandbox_dict(NULL_PATCH) for t in tasks]
-    got = await asyncio.gather(*(client.run(w) for w in wire), return_exceptions=True)
-    verdicts = []
-    for w, v in zip(wire, got):
-      if isinstance(v, BaseException):
-        if not isinstance(v, Exception) or isinstance(v, (TypeError, AttributeError)):
-          raise v   # a bug, not a sandbox that failed to answer
-        v = {"resolved": False, "patch_applied": False, "findings": ["no_verdict"],
-             "reason": f"no verdict: {type(v).__name__}: {v}"}
-      verdicts.append(v)
+    verdicts = await asyncio.gather(*(_verdict(client, w) for w in wire))
     n = len(tasks)
     for t, c, gold, empty in zip(tasks, checks, verdicts[:n], verdicts[n:]):
       c.runs += 1
@@ -96,6 +88,15 @@ async def check_tasks(client, tasks: Sequence[swe.SweTask], repeats: int = 3) ->
         c.reasons.append(f"no-fix run inconclusive: {_field(empty, 'reason', '')} "
                          f"{_field(empty, 'findings', [])}")
   return checks
+
+
+async def _verdict(client, task: dict) -> Any:
+  from dockyard.sandbox.client import SandboxError
+  try:
+    return await client.run(task)
+  except SandboxError as e:   # no executor answered in time: a failed run of this side
+    return {"resolved": False, "patch_applied": False, "findings": ["no_verdict"],
+            "reason": f"no verdict: {type(e).__name__}: {e}"}
 
 
 def _compare(check: TaskCheck, task: swe.SweTask, gold: dict, no_fix: dict) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import fcntl
+import functools
 import glob
 import hashlib
 import json
@@ -131,6 +132,7 @@ def parse_spec(value: Any) -> EnvSpec:
   return EnvSpec(python=python, requirements=requirements, pytest_args=tuple(args), name=name)
 
 
+@functools.lru_cache(maxsize=1)
 def _host_pytest_version() -> str:
   from importlib import metadata
   return metadata.version("pytest")

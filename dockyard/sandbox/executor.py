@@ -40,7 +40,8 @@ from typing import Any
 
 from dockyard.sandbox import grading, integrity, twins
 from dockyard.sandbox.cache import RepoCache, RepoError
-from dockyard.sandbox.environments import EnvironmentBuildError, EnvironmentCache, Interpreter
+from dockyard.sandbox.environments import (EnvironmentBuildError, EnvironmentCache, Interpreter,
+                                           host_interpreter)
 from dockyard.sandbox.isolation import (SANDBOX_UID, WORKDIR, Limits, Output, View,
                                         check_host, pipe_with)
 from dockyard.sandbox.task import Task, parse_task
@@ -87,10 +88,6 @@ class Verdict:
     self.resolved = self.resolved and not self.findings
     self.reward = float(self.resolved)
     return dataclasses.asdict(self)
-
-
-def _spare_key(lower: str, interpreter: Interpreter | None) -> tuple[str, str]:
-  return lower, interpreter.key if interpreter is not None else "host"
 
 
 class _Timer:
@@ -150,7 +147,7 @@ class Executor:
       try:
         with _Timer(v.timings, "prepare"):
           lower = await self.cache.tree(task.repo, task.base_commit)
-          interpreter = None
+          interpreter = host_interpreter()
           if task.environment is not None:
             try:
               interpreter = await self.envs.ensure(task.environment)
@@ -164,12 +161,12 @@ class Executor:
       finally:
         self.running -= 1
 
-  async def _take_view(self, lower: str, interpreter: Interpreter | None = None) -> View:
+  async def _take_view(self, lower: str, interpreter: Interpreter) -> View:
     """A fresh view of `lower`: the spare started for it, if any, else a new one. A spare for
     the same tree is started while a run's tests run (`_start_spare`: pytest keeps one core
     busy; a GRPO group grades several samples of one task in a row), at most `slots` spares in
     all; each is a fresh view, never a used one."""
-    spare = self._spares.pop(_spare_key(lower, interpreter), None)
+    spare = self._spares.pop((lower, interpreter.key), None)
     view = None
     if spare is not None:
       try:
@@ -183,15 +180,15 @@ class Executor:
       view = await self._new_view(lower, interpreter)
     return view
 
-  def _start_spare(self, lower: str, interpreter: Interpreter | None) -> None:
-    key = _spare_key(lower, interpreter)
+  def _start_spare(self, lower: str, interpreter: Interpreter) -> None:
+    key = (lower, interpreter.key)
     if key in self._spares:
       return
     while len(self._spares) >= self.slots:
       asyncio.ensure_future(self._close_spare(self._spares.pop(next(iter(self._spares)))))
     self._spares[key] = asyncio.ensure_future(self._new_view(lower, interpreter))
 
-  async def _new_view(self, lower: str, interpreter: Interpreter | None) -> View:
+  async def _new_view(self, lower: str, interpreter: Interpreter) -> View:
     return await View(lower, self.limits, binds=[(PLUGIN_DIR, PLUGIN_MOUNT)],
                       interpreter=interpreter).start()
 
