@@ -9,6 +9,7 @@
   data.py          grain MapDataset pipelines
   policy.py        JaxPolicy, the `dockyard.policy.Policy` implementation
   loss.py          the clipped-PG and SFT NLL `LossFn`s in JAX, following dockyard.grpo.loss_spec
+  preference_loss.py  the DPO-family preference `LossFn` in JAX, following dockyard.dpo.loss_spec
   sft.py           standalone masked-NLL SFT and its CLI: grain data, orbax checkpoints, resume
                    from its workdir; its steps are dockyard.sft.sft_loop, the one SFT loop, which
                    the GRPO warm start (dockyard.grpo.sft) runs too
