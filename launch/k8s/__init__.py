@@ -15,6 +15,7 @@ import os
 import shlex
 
 from dockyard import ray_utils
+from dockyard.sandbox.isolation import Limits
 
 SCHEMAS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "schemas")
 SANDBOX_UID = 10001   # docker/ubuntu-swe.Dockerfile's user
@@ -119,13 +120,16 @@ def ray_manifest(config, opts: Options) -> dict:
 def _sandbox_security(opts: Options) -> tuple[dict, dict]:
   """(pod, container) securityContext. `hardened`: non-root, nothing added. `executor`: what the
   executor's isolation needs today (root in a user-namespaced pod, CAP_SYS_ADMIN for its mount
-  namespace and overlayfs, AppArmor unconfined for mount); not run on a cluster."""
+  namespace and overlayfs, AppArmor unconfined for mount, an unmasked /proc for bwrap), read from
+  dockyard/sandbox/isolation.py; not run on a cluster."""
   if opts.sandbox_pod == "executor":
     pod = {"runAsUser": 0, "runAsGroup": 0, "seccompProfile": {"type": "RuntimeDefault"}}
     container = {"allowPrivilegeEscalation": True, "readOnlyRootFilesystem": True,
                  "capabilities": {"drop": ["ALL"], "add": ["SYS_ADMIN", "SETUID", "SETGID", "CHOWN",
                                                             "DAC_OVERRIDE", "FOWNER", "KILL"]},
-                 "appArmorProfile": {"type": "Unconfined"}}
+                 "appArmorProfile": {"type": "Unconfined"},
+                 # bwrap mounts a fresh /proc; the kernel refuses it over the runtime's masked paths.
+                 "procMount": "Unmasked"}
     return pod, container
   pod = {"runAsNonRoot": True, "runAsUser": SANDBOX_UID, "runAsGroup": SANDBOX_UID, "fsGroup": SANDBOX_UID,
          "seccompProfile": {"type": "RuntimeDefault"}}
@@ -140,8 +144,9 @@ def sandbox_manifests(config, opts: Options) -> list[dict]:
   name, labels = sandbox_service(opts), _labels(opts, "sandbox", "sandbox")
   meta = {"name": name, "namespace": opts.namespace, "labels": labels}
   pod_security, container_security = _sandbox_security(opts)
-  # Each run may use up to sandbox.memory_mb (its rlimit) plus its tmpfs (disk_mb, counted as memory).
-  per_run_mi = int(sandbox.memory_mb) + int(sandbox.disk_mb)
+  # A run may use its RLIMIT_AS plus two tmpfs (the tree's writes and /tmp), which count as memory.
+  limits = Limits.from_config(sandbox)
+  per_run_mi = limits.memory_mb + 2 * limits.disk_mb
   probe = {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10}
   container = {
       "name": "executor",
