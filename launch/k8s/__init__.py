@@ -34,7 +34,7 @@ class Options:
   node_cpus: int = 32                # per Ray pod
   node_memory: str = "256Gi"
   sandbox_slots: int = 4             # concurrent test runs per sandbox pod (its CPU request)
-  sandbox_pod: str = "hardened"      # hardened | executor (docs/deployment.md)
+  sandbox_pod: str = "executor"      # executor | hardened (docs/deployment.md)
   workdir_claim: str = ""            # PersistentVolumeClaim for /workdir; '' : emptyDir (lost)
   repos_claim: str = ""              # PersistentVolumeClaim holding the task repos (read-only)
   overrides: tuple = ()              # extra --config.* flags for the training command

@@ -29,9 +29,10 @@ _RAY_KIND = flags.DEFINE_enum("ray_kind", "RayJob", ["RayJob", "RayCluster"],
 _NODE_CPUS = flags.DEFINE_integer("node_cpus", 32, "CPU request (= limit) of each Ray pod.")
 _NODE_MEMORY = flags.DEFINE_string("node_memory", "256Gi", "Memory request (= limit) of each Ray pod.")
 _SANDBOX_SLOTS = flags.DEFINE_integer("sandbox_slots", 4, "Concurrent test runs per sandbox pod (= its CPUs).")
-_SANDBOX_POD = flags.DEFINE_enum("sandbox_pod", "hardened", ["hardened", "executor"],
-                                 "hardened: non-root, no capabilities; executor: the privileges today's "
-                                 "executor isolation needs (docs/deployment.md).")
+_SANDBOX_POD = flags.DEFINE_enum("sandbox_pod", "executor", ["executor", "hardened"],
+                                 "executor: the privileges today's executor isolation needs, root only "
+                                 "inside a user-namespaced pod; hardened: non-root, no capabilities, which "
+                                 "today's executor cannot run in (docs/deployment.md).")
 _WORKDIR_CLAIM = flags.DEFINE_string("workdir_claim", "", "PVC mounted at /workdir; '' : emptyDir (lost with the pod).")
 _REPOS_CLAIM = flags.DEFINE_string("repos_claim", "", "PVC holding the task repos, mounted read-only in the sandbox.")
 _OVERRIDE = flags.DEFINE_multi_string("override", [], "A --config.* flag for the training command (repeatable).")

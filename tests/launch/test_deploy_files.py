@@ -77,13 +77,22 @@ def test_slurm_refuses_roles_that_do_not_fit():
   assert r.returncode == 2 and "do not fit 2 nodes" in r.stderr
 
 
-@pytest.fixture(scope="module")
-def manifests():
-  r = subprocess.run([sys.executable, "-m", "launch.k8s", "--config=configs/swe.py:full"], cwd=ROOT,
+def _render(*flags):
+  r = subprocess.run([sys.executable, "-m", "launch.k8s", "--config=configs/swe.py:full", *flags], cwd=ROOT,
                      capture_output=True, text=True)
   assert r.returncode == 0, r.stderr
   return {m["kind"] + ("-ray" if m["metadata"]["name"].endswith("-ray") else ""): m
           for m in yaml.safe_load_all(r.stdout)}
+
+
+@pytest.fixture(scope="module")
+def manifests():
+  return _render()
+
+
+@pytest.fixture(scope="module")
+def hardened():
+  return _render("--sandbox_pod=hardened")
 
 
 def test_k8s_manifests_validate_offline(manifests):
@@ -123,8 +132,23 @@ def test_ray_schema_rejects_what_kuberay_would(manifests):
     validator.validate(bad)
 
 
-def test_sandbox_pod_is_hardened(manifests):
+def test_default_sandbox_pod_is_root_only_in_its_user_namespace(manifests):
+  # The default runs today's executor (root holder, unshare --mount, overlayfs, bwrap): root in
+  # a user-namespaced pod, every capability dropped but the ones its isolation uses.
   pod = manifests["Deployment"]["spec"]["template"]["spec"]
+  assert pod["hostUsers"] is False and pod["automountServiceAccountToken"] is False
+  assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+  (container,) = pod["containers"]
+  sc = container["securityContext"]
+  assert sc["capabilities"]["drop"] == ["ALL"] and "SYS_ADMIN" in sc["capabilities"]["add"]
+  assert sc["readOnlyRootFilesystem"] is True
+  assert k8s.check(list(manifests.values()), K8S_VERSION)
+
+
+def test_sandbox_pod_can_be_hardened(hardened):
+  manifests = hardened
+  pod = manifests["Deployment"]["spec"]["template"]["spec"]
+  assert "hostUsers" not in pod
   assert pod["securityContext"]["runAsNonRoot"] is True
   assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
   assert pod["automountServiceAccountToken"] is False
