@@ -1,6 +1,6 @@
 """configs/dpo.py end to end through `python -m dockyard.launch` (no Ray, no engines: the trainer, its
 frozen reference and the pairs): the tiny default learns on held-out pairs with the JAX trainer,
-and the torch trainer runs a couple of steps on a user's TRL-schema JSONL.
+and the torch trainer runs a couple of steps on a user's TRL-schema JSONL, then resumes.
 
 The JAX run is the config's default (100 steps of DPO + the chosen NLL on the math pairs, ~1 minute
 here). Measured on seeds 0 / 1 / 2 (docs/dpo.md): held-out val/chosen_preferred 0.55 -> 0.80,
@@ -57,13 +57,18 @@ def test_torch_backend_on_a_jsonl_of_pairs(tmp_path):
   for name, part in (("train", pairs[:12]), ("val", pairs[12:])):
     (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(p) + "\n" for p in part))
   workdir = str(tmp_path / "run")
-  _, rows = _launch(workdir, "--config=configs/dpo.py:torch", f"--config.data.train={tmp_path}/train.jsonl",
-                    f"--config.data.validation={tmp_path}/val.jsonl", "--config.dpo.num_steps=2",
-                    "--config.dpo.val_period=2", "--config.dpo.num_pairs_per_step=4",
-                    "--config.optim.micro_batch_size=4", "--config.logging.png_curve=False")
+  args = ["--config=configs/dpo.py:torch", f"--config.data.train={tmp_path}/train.jsonl",
+          f"--config.data.validation={tmp_path}/val.jsonl", "--config.dpo.val_period=2",
+          "--config.dpo.num_pairs_per_step=4", "--config.optim.micro_batch_size=4",
+          "--config.logging.png_curve=False"]
+  _, rows = _launch(workdir, *args, "--config.dpo.num_steps=2")
   train = [r for r in rows if "train/loss" in r]
   val = [r for r in rows if "val/loss" in r]
   assert [r["step"] for r in train] == [1, 2] and [r["step"] for r in val] == [0, 2]
   assert all(math.isfinite(r["train/loss"]) and math.isfinite(r["train/reward_margin"]) for r in train)
   assert all(math.isfinite(r["val/loss"]) for r in val)
   assert abs(train[0]["train/reward_margin"]) < 1e-5   # step 1: the policy is still the reference
+  # Again into the same workdir with one more step: it resumes from checkpoints/latest (step 2).
+  _, rows = _launch(workdir, *args, "--config.dpo.num_steps=3")
+  assert [r["step"] for r in rows if "train/loss" in r] == [1, 2, 3]
+  assert [r["step"] for r in rows if "val/loss" in r] == [0, 2]
