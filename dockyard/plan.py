@@ -53,7 +53,42 @@ class RunPlan:
     return "\n".join(lines)
 
 
+def _policy_name(config) -> str:
+  policy = config.policy.model_name_or_path or (
+      "tiny local {family} (hidden={hidden_size}, layers={num_hidden_layers})".format(**config.policy.tiny))
+  if policy.startswith("package:"):
+    from dockyard.models import packaged
+    # Raises, naming the pip command, when the package is missing (a plan is made before any load).
+    policy = packaged.describe(policy)
+  return policy
+
+
+def preference_plan(config: ml_collections.ConfigDict) -> RunPlan:
+  """configs/dpo.py: the trainer alone (and its frozen reference), no engines, no sandbox."""
+  cluster, dpo = config.cluster, config.dpo
+  devices = validate._mesh_devices(config)
+  mesh_shape = validate.resolve_mesh_shape(config.mesh.shape, devices)
+  unit = "GPU" if cluster.accelerators_per_node > 0 else "CPU"
+  fleets = [Fleet("trainer", cluster.trainer_nodes, {unit: cluster.accelerators_per_node or devices},
+                  "jax.distributed (one process per node)" if config.policy.backend == "jax" else "torchrun",
+                  "node 0" if cluster.trainer_nodes == 1 else f"nodes 0-{cluster.trainer_nodes - 1}")]
+  if config.data.train:
+    data = {"train": config.data.train, "validation": config.data.validation or "none"}
+  else:
+    math_cfg = config.env.math
+    data = {"train": f"{math_cfg.num_train} math pairs (gold vs off-by-k, {' '.join(math_cfg.ops)}, "
+                     f"operands {math_cfg.min_operand}-{math_cfg.max_operand}, seed {math_cfg.seed})",
+            "validation": f"{math_cfg.num_validation} held out"}
+  data["pairs_per_step"] = dpo.num_pairs_per_step
+  return RunPlan(
+      variant=config.run.variant, mode="train", loop=str(dpo.mode), env="preference pairs",
+      policy=_policy_name(config), backend=config.policy.backend, mesh_axes=tuple(config.mesh.axes),
+      mesh_shape=mesh_shape, fleets=fleets, sandbox_urls=(), data=data, steps=int(dpo.num_steps))
+
+
 def make_plan(config: ml_collections.ConfigDict) -> RunPlan:
+  if "dpo" in config:
+    return preference_plan(config)
   cluster = config.cluster
   devices = validate._mesh_devices(config)
   mesh_shape = validate.resolve_mesh_shape(config.mesh.shape, devices)
@@ -79,12 +114,7 @@ def make_plan(config: ml_collections.ConfigDict) -> RunPlan:
     fleets.append(Fleet("sandbox", config.sandbox.num_executors,
                         {"CPU": max(config.sandbox.slots, 1)}, "SPREAD", "every node"))
   loop = "async" if config.grpo.async_grpo.enabled else "sync"
-  policy = config.policy.model_name_or_path or (
-      "tiny local {family} (hidden={hidden_size}, layers={num_hidden_layers})".format(**config.policy.tiny))
-  if policy.startswith("package:"):
-    from dockyard.models import packaged
-    # Raises, naming the pip command, when the package is missing (a plan is made before any load).
-    policy = packaged.describe(policy)
+  policy = _policy_name(config)
   if config.env.name == "swe":
     data = {"train": config.data.train, "validation": config.data.validation, "test": config.data.test}
   elif config.env.name == "terminal":   # tasks generated at start (dockyard.data.terminal)

@@ -4,7 +4,8 @@
 (`dockyard.trainer_torch.policy.TorchPolicy`). Each is imported only when chosen, so a JAX run
 never imports torch's distributed stack and a torch run never imports JAX. A `LossFn` is written
 in the backend's array type, so the runner takes the loop's losses from here too (`make_losses`)
-and hands them to `grpo.loop.grpo_train`: dockyard.grpo never imports this module.
+and hands them to `grpo.loop.grpo_train` (and the preference loss to `dpo.loop.dpo_train`):
+neither dockyard.grpo nor dockyard.dpo imports this module.
 """
 from __future__ import annotations
 
@@ -40,6 +41,16 @@ def make_loss(config: Any, kind: str = "pg") -> LossFn:
   else:
     from dockyard.trainer_torch import loss as losses
   return losses.make_pg_loss(LossConfig.from_config(config)) if kind == "pg" else losses.nll_loss
+
+
+def make_preference_loss(config: Any) -> LossFn:
+  """The DPO-family loss on `config.dpo` (`dpo.loss_spec.PreferenceConfig`), in the backend's array type."""
+  from dockyard.dpo.loss_spec import PreferenceConfig
+  if _backend(config) == "jax":
+    from dockyard.trainer_jax.preference_loss import make_preference_loss
+  else:
+    from dockyard.trainer_torch.preference_loss import make_preference_loss
+  return make_preference_loss(PreferenceConfig.from_config(config))
 
 
 def make_losses(config: Any) -> tuple[LossFn, LossFn]:

@@ -4,7 +4,8 @@ The order matters on a small machine: Ray first (before JAX spins up threads), t
 environment (and the local sandbox fleet for SWE when no URLs are configured), the policy, the
 vLLM rollout fleet, the weight synchronizer, the trajectory source the config selects (sync or
 async); then `grpo.loop.grpo_train` over it (or, in eval mode, one validation pass over the test
-split). Whatever fails, every fleet is shut down on the way
+split). A config with a `dpo` section (configs/dpo.py) runs `dpo.loop.dpo_train` instead: the
+policy, its frozen reference and the preference pairs, no Ray and no engines. Whatever fails, every fleet is shut down on the way
 out, and the failing component is named in the error.
 """
 from __future__ import annotations
@@ -101,7 +102,51 @@ def build_env(config, tokenizer, stack: contextlib.ExitStack) -> tuple[Any, list
   return env, train, val, test
 
 
+def preference_pairs(config) -> tuple[list, list]:
+  """(train, held-out) preference pairs: the JSONL files `data.train` / `data.validation`, or, when
+  `data.train` is '', pairs made from the math env's splits (`config.env.math`)."""
+  from dockyard.dpo import data as pair_data
+  if config.data.train:
+    val = pair_data.read_jsonl(config.data.validation) if config.data.validation else []
+    return pair_data.read_jsonl(config.data.train), val
+  from dockyard.envs import math as math_env
+  cfg = math_env.MathConfig.from_config(config)
+  env = math_env.MathEnv(cfg)
+  # Different offsets for the two splits; the same for every run seed (the data is the task).
+  return pair_data.math_pairs(env, env.train, cfg.seed), pair_data.math_pairs(env, env.validation, cfg.seed + 1)
+
+
+def run_preference(config, paths: dict[str, str]) -> None:
+  """A DPO-family run (configs/dpo.py): no Ray, no engines; the policy, a frozen reference of the
+  initial weights when the mode reads one (built as GRPO builds its KL reference: a second policy
+  from the same checkpoint), and `dpo.loop.dpo_train`."""
+  t0 = time.perf_counter()
+  with component("model", "preparing the model and its tokenizer"):
+    model_path = resolve_model(config)
+    import transformers
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)
+  with component("data"):
+    train_pairs, val_pairs = preference_pairs(config)
+  from dockyard import policy_factory
+  from dockyard.dpo.loss_spec import PreferenceConfig
+  with component("trainer", f"building the {config.policy.backend} trainer"):
+    policy = policy_factory.make_policy(config, model_path)
+    reference = (policy_factory.make_policy(config, model_path)
+                 if PreferenceConfig.from_config(config).needs_reference else None)
+  setup_s = time.perf_counter() - t0
+  from dockyard.dpo.loop import dpo_train
+  result = dpo_train(config, policy=policy, reference=reference, tokenizer=tokenizer,
+                     train_pairs=train_pairs, val_pairs=val_pairs, workdir=paths["workdir"],
+                     loss_fn=policy_factory.make_preference_loss(config))
+  from dockyard import summary
+  print(summary.render_preference(config, paths["workdir"], result, setup_s=setup_s,
+                                  total_s=time.perf_counter() - t0), flush=True)
+
+
 def run(config, paths: dict[str, str]) -> None:
+  if "dpo" in config:   # a preference run: its own loop over the Policy seam, no fleets
+    run_preference(config, paths)
+    return
   from dockyard import ray_utils
   t0 = time.perf_counter()
   with contextlib.ExitStack() as stack:

@@ -1,4 +1,5 @@
-"""The end-of-run summary: start vs end validation metric, steps, time per phase, and the PNG curve."""
+"""The end-of-run summary: start vs end validation metric, steps, time per phase, and the PNG curve
+(`render` for GRPO, `render_preference` for the DPO family)."""
 from __future__ import annotations
 
 import os
@@ -44,6 +45,45 @@ def render(config, workdir: str, result=None, setup_s: float = 0.0, total_s: flo
   if s["sft_s"]:
     table.add_row("time: SFT warm start", f"{s['sft_s']:.0f} s")
   for p, secs in s["phases"].items():
+    if secs:
+      table.add_row(f"time: {p}", f"{secs:.0f} s")
+  table.add_row("total", f"{total_s:.0f} s")
+  png = os.path.join(workdir, "curves.png")
+  if os.path.exists(png):
+    table.add_row("curves", png)
+  console = Console(record=True, width=100)
+  with console.capture() as cap:
+    console.print(table)
+  text = cap.get()
+  with open(os.path.join(workdir, "summary.txt"), "w") as f:
+    f.write(text)
+  return text
+
+
+PREFERENCE_PHASES = ("reference", "train", "validate", "checkpoint")
+
+
+def render_preference(config, workdir: str, result=None, setup_s: float = 0.0, total_s: float = 0.0) -> str:
+  """A DPO-family run (`dpo.loop.dpo_train`): held-out metrics first -> last, train loss, times."""
+  path = os.path.join(workdir, "metrics.jsonl")
+  rows = list(workdir_lib.by_step(workdir_lib.read_metrics(path)).values()) if os.path.exists(path) else []
+  table = Table(title=f"{config.run.name}: summary ({config.dpo.mode}, {config.policy.backend})")
+  table.add_column("what")
+  table.add_column("value", justify="right")
+  for key in ("val/preference_loss", "val/reward_accuracy", "val/chosen_preferred", "val/reward_margin"):
+    vals = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+    if vals:
+      table.add_row(f"{key}, first -> last",
+                    f"{vals[0][1]:.3f} (step {vals[0][0]}) -> {vals[-1][1]:.3f} (step {vals[-1][0]})")
+  losses = [r["train/loss"] for r in rows if r.get("train/loss") is not None]
+  if losses:
+    k = min(5, len(losses))
+    table.add_row(f"train/loss, first {k} steps -> last {k}",
+                  f"{sum(losses[:k]) / k:.3f} -> {sum(losses[-k:]) / k:.3f}")
+  table.add_row("steps", str(max((r["step"] for r in rows if "time/step" in r), default=0)))
+  table.add_row("set-up (model, trainer, reference)", f"{setup_s:.0f} s")
+  for p in PREFERENCE_PHASES:
+    secs = sum(r.get(f"time/{p}") or 0.0 for r in rows)
     if secs:
       table.add_row(f"time: {p}", f"{secs:.0f} s")
   table.add_row("total", f"{total_s:.0f} s")

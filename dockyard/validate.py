@@ -117,19 +117,13 @@ def resolve_mesh_shape(shape: Sequence[int], num_devices: int, key: str = "mesh.
 
 def validate(config: ml_collections.ConfigDict) -> None:
   """Cross-field rules; raises ConfigError naming the first key that breaks one."""
+  if "dpo" in config:   # a preference run (configs/dpo.py): no grpo, rollout or sandbox sections
+    _validate_preference(config)
+    return
   grpo = config.grpo
   if config.run.mode not in ("train", "eval"):
     raise ConfigError("run.mode", f"must be 'train' or 'eval', got {config.run.mode!r}")
-  if int(config.policy.seq_bucket) < 1:
-    raise ConfigError("policy.seq_bucket", f"must be >= 1, got {config.policy.seq_bucket}")
-  if config.policy.backend not in ("jax", "torch"):
-    raise ConfigError("policy.backend", f"must be 'jax' or 'torch', got {config.policy.backend!r}")
-  if str(config.policy.model_name_or_path).startswith("package:"):
-    from dockyard.models import packaged  # stdlib only: nothing heavy loads here
-    try:
-      packaged.check(config.policy.model_name_or_path)
-    except packaged.PackagedModelError as e:
-      raise ConfigError("policy.model_name_or_path", str(e)) from None
+  _validate_policy(config)
   if grpo.num_generations_per_prompt < 2:
     raise ConfigError("grpo.num_generations_per_prompt",
                       f"GRPO needs a group of at least 2 samples per prompt, "
@@ -172,10 +166,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
                       f"must be 'token', 'sequence' or 'constant' (Dr. GRPO), got {loss.normalization!r}")
   if loss.ratio_clip_min < 0 or loss.ratio_clip_max < 0:
     raise ConfigError("loss_fn.ratio_clip_min", "clip epsilons must be >= 0")
-  if len(config.mesh.shape) != len(config.mesh.axes):
-    raise ConfigError("mesh.shape", f"{tuple(config.mesh.shape)} has {len(config.mesh.shape)} entries "
-                      f"but mesh.axes has {len(config.mesh.axes)}")
-  resolve_mesh_shape(config.mesh.shape, _mesh_devices(config))
+  _validate_mesh(config)
   cluster = config.cluster
   if (cluster.accelerators_per_node > 0 and not cluster.colocated
       and cluster.trainer_nodes + cluster.inference_nodes > cluster.num_nodes):
@@ -232,6 +223,67 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise ConfigError("checkpoint.metric_mode", f"must be 'max' or 'min', got {config.checkpoint.metric_mode!r}")
   if config.checkpoint.keep_top_k < 1:
     raise ConfigError("checkpoint.keep_top_k", f"must be >= 1, got {config.checkpoint.keep_top_k}")
+
+
+def _validate_policy(config) -> None:
+  """policy.*: what both the GRPO and the preference runs build their trainer from."""
+  if int(config.policy.seq_bucket) < 1:
+    raise ConfigError("policy.seq_bucket", f"must be >= 1, got {config.policy.seq_bucket}")
+  if config.policy.backend not in ("jax", "torch"):
+    raise ConfigError("policy.backend", f"must be 'jax' or 'torch', got {config.policy.backend!r}")
+  if str(config.policy.model_name_or_path).startswith("package:"):
+    from dockyard.models import packaged  # stdlib only: nothing heavy loads here
+    try:
+      packaged.check(config.policy.model_name_or_path)
+    except packaged.PackagedModelError as e:
+      raise ConfigError("policy.model_name_or_path", str(e)) from None
+
+
+def _validate_mesh(config) -> None:
+  if len(config.mesh.shape) != len(config.mesh.axes):
+    raise ConfigError("mesh.shape", f"{tuple(config.mesh.shape)} has {len(config.mesh.shape)} entries "
+                      f"but mesh.axes has {len(config.mesh.axes)}")
+  resolve_mesh_shape(config.mesh.shape, _mesh_devices(config))
+
+
+def _validate_preference(config) -> None:
+  """configs/dpo.py: the preference loss's options (PreferenceConfig's own checks, the one place
+  for those rules), the loop's counts, and where the pairs come from."""
+  _validate_policy(config)
+  _validate_mesh(config)
+  from dockyard.dpo.loss_spec import PreferenceConfig   # NumPy only: no model, no backend
+  try:
+    PreferenceConfig.from_config(config)
+  except ValueError as err:   # "preference.<field> ..." -> the key it came from
+    message = str(err).removeprefix("preference.")
+    field = message.split(" ", 1)[0].split("=", 1)[0]
+    raise ConfigError(f"dpo.{field}" if field in config.dpo else "dpo", message) from None
+  dpo = config.dpo
+  for key in ("num_steps", "num_pairs_per_step"):
+    if int(dpo[key]) < 1:
+      raise ConfigError(f"dpo.{key}", f"must be >= 1, got {dpo[key]}")
+  if int(dpo.val_period) < 0:
+    raise ConfigError("dpo.val_period", f"must be >= 0 (0: no validation), got {dpo.val_period}")
+  micro = int(config.optim.micro_batch_size)
+  if micro < 2 or micro % 2:
+    raise ConfigError("optim.micro_batch_size", f"must be even for preference pairs (rows 2i and 2i+1, "
+                      f"a pair's chosen and rejected completions, stay in one micro-batch), got {micro}")
+  if config.data.train:
+    for key in ("train", "validation"):
+      path = config.data[key]
+      if path and not os.path.exists(path):
+        raise ConfigError(f"data.{key}", f"no preference pairs file at {path!r}")
+  else:
+    if config.data.validation:
+      raise ConfigError("data.validation", "set with data.train='' (pairs made from env.math, whose "
+                        "held-out split is the validation set): give data.train too, or leave both ''")
+    from dockyard.envs import math as math_env
+    try:
+      math_env.MathConfig.from_config(config)
+    except ValueError as err:
+      raise ConfigError("env.math", str(err).removeprefix("env.math.")) from None
+  if int(config.checkpoint.save_period) < 1:
+    raise ConfigError("checkpoint.save_period", f"must be >= 1, got {config.checkpoint.save_period}")
 
 
 def _validate_terminal(config) -> None:

@@ -116,6 +116,15 @@ class PreferenceConfig:
       raise ValueError("preference.orpo_lambda must be > 0 with mode='orpo' (the paper uses "
                        "0.1); at 0 the loss is plain SFT on the chosen completions")
 
+  @classmethod
+  def from_config(cls, config) -> "PreferenceConfig":
+    """From `config.dpo` (configs/dpo.py); its other keys (steps, pairs per step) are the loop's."""
+    dpo = config.dpo
+    return cls(mode=str(dpo.mode), beta=float(dpo.beta), label_smoothing=float(dpo.label_smoothing),
+               dpop_lambda=float(dpo.dpop_lambda), length_alpha=float(dpo.length_alpha),
+               sft_weight=float(dpo.sft_weight), simpo_gamma=float(dpo.simpo_gamma),
+               orpo_lambda=float(dpo.orpo_lambda))
+
   @property
   def needs_reference(self) -> bool:
     return self.mode in REFERENCE_MODES

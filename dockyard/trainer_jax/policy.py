@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dockyard import config_lib
 from dockyard.policy import LossFn, Policy, TrainBatch, check_layout
 from dockyard.models import name_map
 from dockyard.trainer_jax import hf_io, train
@@ -70,7 +71,7 @@ class JaxPolicy(Policy):
     param_dtype = _dtype(config.policy.param_dtype, "policy.param_dtype")
     model = hf_io.from_hf(path, mesh, rules, dtype=dtype, param_dtype=param_dtype,
                           remat=bool(config.policy.remat))
-    total = int(_get(config, "grpo.max_num_steps", 0)) or int(config.optim.decay_steps)
+    total = config_lib.train_steps(config) or int(config.optim.decay_steps)
     optimizer = train.make_optimizer(model, config.optim, total, mesh)
     return cls(model, optimizer, mesh, rules, config.optim, total,
                micro_batch_size=int(config.optim.micro_batch_size),

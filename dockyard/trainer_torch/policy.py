@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+from dockyard import config_lib
 from dockyard.policy import LossFn, Policy, TrainBatch, check_layout
 from dockyard.models import name_map
 from dockyard.models.model_config import ModelConfig  # pure Python: the name-map's config
@@ -70,7 +71,7 @@ class TorchPolicy(Policy):
     self.model_path = model_path
     self.model_config = ModelConfig.from_pretrained(model_path)  # refuses what the name-map lacks
     self._optim = dict(config.optim)
-    self._total_steps = int(config.optim.decay_steps) or int(config.grpo.max_num_steps)
+    self._total_steps = int(config.optim.decay_steps) or config_lib.train_steps(config)
     self._max_seq_len = int(config.policy.max_seq_len)
     self._micro = int(config.optim.micro_batch_size)
     if self._micro < 1:

@@ -18,6 +18,7 @@ import os
 
 import pytest
 
+from configs import dpo as dpo_config
 from configs import math as math_config
 from configs import swe as swe_config
 from configs import swe_agent as swe_agent_config
@@ -27,7 +28,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PRODUCT = ("dockyard", "launch")
 SHIPPED = [(swe_config, a) for a in ("tiny", "full", "torch", "sync", "full,torch")] + [
     (math_config, a) for a in ("tiny", "full", "smollm")] + [
-    (m, a) for m in (swe_agent_config, terminal_config) for a in ("tiny", "full", "torch")]
+    (m, a) for m in (swe_agent_config, terminal_config) for a in ("tiny", "full", "torch")] + [
+    (dpo_config, a) for a in ("tiny", "torch", "mode=ipo", "mode=simpo", "mode=orpo,torch")]
 
 
 def leaves(node, prefix=()):

@@ -99,3 +99,29 @@ def test_sweep_rejects_a_typo_in_get_hyper(tmp_path):
   result = launch(f"--config={cfg}", "--dry_run", module="launch.sweep")
   assert result.returncode != 0
   assert "config.optim.lrr" in result.stderr and "did you mean 'optim.lr'" in result.stderr
+
+
+@pytest.mark.parametrize("override, key, words", [
+    ("--config.dpo.beta=0.0", "config.dpo.beta", "must be > 0"),
+    ("--config.dpo.mode=kto", "config.dpo.mode", "must be one of"),
+    ("--config.dpo.label_smoothing=0.6", "config.dpo.label_smoothing", "must be < 0.5"),
+    ("--config.dpo.simpo_gamma=0.5", "config.dpo.simpo_gamma", "mode='simpo' only"),
+    ("--config.dpo.num_pairs_per_step=0", "config.dpo.num_pairs_per_step", "must be >= 1"),
+    ("--config.optim.micro_batch_size=7", "config.optim.micro_batch_size", "must be even"),
+    ("--config.data.train=/no/such/pairs.jsonl", "config.data.train", "no preference pairs file"),
+    ("--config.dpo.bta=0.2", "config.dpo.bta", "did you mean 'dpo.beta'"),
+])
+def test_dpo_misconfiguration_names_the_key(override, key, words):
+  result = launch("--config=configs/dpo.py", override, "--config.run.dry_run=True")
+  assert result.returncode != 0
+  err = result.stderr.strip().splitlines()[-1]
+  assert err.startswith(f"error: {key}"), result.stderr
+  assert words in err, result.stderr
+
+
+def test_dpo_dry_run_plans_the_trainer_alone():
+  result = launch("--config=configs/dpo.py:mode=simpo,torch", "--config.run.dry_run=True")
+  assert result.returncode == 0, result.stderr
+  out = result.stdout
+  assert "loop=simpo" in out and "backend=torch" in out and "80 math pairs" in out, out
+  assert "rollout" not in out and "sandbox" not in out, out
