@@ -86,6 +86,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -501,8 +502,9 @@ def main():
   print("settings (both sides): " + ", ".join(f"{k}={v}" for k, v in settings.items() if k != "model_dir"),
         flush=True)
 
-  with tempfile.TemporaryDirectory(prefix="peer_trl_") as tmp:
-    workdir = os.path.abspath(args.workdir) if args.workdir else tmp
+  with contextlib.ExitStack() as stack:
+    workdir = (os.path.abspath(args.workdir) if args.workdir
+               else stack.enter_context(tempfile.TemporaryDirectory(prefix="peer_trl_")))
     os.makedirs(workdir, exist_ok=True)
     spec_path = os.path.join(workdir, "spec.json")
     if os.path.exists(spec_path):
