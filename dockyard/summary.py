@@ -47,6 +47,12 @@ def render(config, workdir: str, result=None, setup_s: float = 0.0, total_s: flo
   for p, secs in s["phases"].items():
     if secs:
       table.add_row(f"time: {p}", f"{secs:.0f} s")
+  return _finish(table, workdir, total_s)
+
+
+def _finish(table: Table, workdir: str, total_s: float) -> str:
+  """The rows every summary ends with (total time, the curves PNG), rendered and written to
+  <workdir>/summary.txt."""
   table.add_row("total", f"{total_s:.0f} s")
   png = os.path.join(workdir, "curves.png")
   if os.path.exists(png):
@@ -86,14 +92,4 @@ def render_preference(config, workdir: str, result=None, setup_s: float = 0.0, t
     secs = sum(r.get(f"time/{p}") or 0.0 for r in rows)
     if secs:
       table.add_row(f"time: {p}", f"{secs:.0f} s")
-  table.add_row("total", f"{total_s:.0f} s")
-  png = os.path.join(workdir, "curves.png")
-  if os.path.exists(png):
-    table.add_row("curves", png)
-  console = Console(record=True, width=100)
-  with console.capture() as cap:
-    console.print(table)
-  text = cap.get()
-  with open(os.path.join(workdir, "summary.txt"), "w") as f:
-    f.write(text)
-  return text
+  return _finish(table, workdir, total_s)
