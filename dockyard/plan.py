@@ -63,15 +63,22 @@ def _policy_name(config) -> str:
   return policy
 
 
+def _trainer_fleet(config, devices: int, nodes: str) -> Fleet:
+  """The trainer fleet, as both plans print it; `nodes` says where it runs."""
+  cluster = config.cluster
+  unit = "GPU" if cluster.accelerators_per_node > 0 else "CPU"
+  return Fleet("trainer", cluster.trainer_nodes, {unit: cluster.accelerators_per_node or devices},
+               "jax.distributed (one process per node)" if config.policy.backend == "jax" else "torchrun",
+               nodes)
+
+
 def preference_plan(config: ml_collections.ConfigDict) -> RunPlan:
   """configs/dpo.py: the trainer alone (and its frozen reference), no engines, no sandbox."""
   cluster, dpo = config.cluster, config.dpo
   devices = validate._mesh_devices(config)
   mesh_shape = validate.resolve_mesh_shape(config.mesh.shape, devices)
-  unit = "GPU" if cluster.accelerators_per_node > 0 else "CPU"
-  fleets = [Fleet("trainer", cluster.trainer_nodes, {unit: cluster.accelerators_per_node or devices},
-                  "jax.distributed (one process per node)" if config.policy.backend == "jax" else "torchrun",
-                  "node 0" if cluster.trainer_nodes == 1 else f"nodes 0-{cluster.trainer_nodes - 1}")]
+  fleets = [_trainer_fleet(config, devices, "node 0" if cluster.trainer_nodes == 1
+                           else f"nodes 0-{cluster.trainer_nodes - 1}")]
   if config.data.train:
     data = {"train": config.data.train, "validation": config.data.validation or "none"}
   else:
@@ -102,9 +109,7 @@ def make_plan(config: ml_collections.ConfigDict) -> RunPlan:
     first = cluster.trainer_nodes
     inference_nodes = f"nodes {first}-{first + cluster.inference_nodes - 1}"
   fleets = [
-      Fleet("trainer", cluster.trainer_nodes, {unit: cluster.accelerators_per_node or devices},
-            "jax.distributed (one process per node)" if config.policy.backend == "jax" else "torchrun",
-            trainer_nodes),
+      _trainer_fleet(config, devices, trainer_nodes),
       Fleet("rollout", config.rollout.num_engines,
             {unit: config.rollout.tensor_parallel_size}, "PACK (one bundle per TP rank)", inference_nodes),
   ]

@@ -25,6 +25,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from dockyard.grpo.batch import pack_sequences
+from dockyard.grpo.step import PromptSampler
 from dockyard.policy import TrainBatch
 from dockyard.rollout.chat import encode_prompt
 
@@ -147,23 +148,18 @@ def make_pair_batch(pairs: Sequence[EncodedPair], pad_id: int, pad_multiple: int
 
 
 class PairSampler:
-  """The pairs of each step: epochs of seeded permutations, cut into `per_step` pairs in a row
-  (an epoch's tail continues into the next). A function of (seed, step) only, so a resumed run
-  draws what the uninterrupted one would have."""
+  """The pair indices of each step, in `grpo.step.PromptSampler`'s order (epochs of seeded
+  permutations, an epoch's tail continuing into the next) but addressed by step: a function of
+  (seed, step) only, so a resumed run draws what the uninterrupted one would have."""
 
   def __init__(self, num_pairs: int, per_step: int, seed: int):
     if num_pairs < 1:
       raise ValueError("no training pairs")
-    self.num_pairs, self.per_step, self.seed = num_pairs, per_step, seed
+    self.num_pairs, self.per_step = num_pairs, per_step
+    self._order = PromptSampler(range(num_pairs), seed)
 
   def indices(self, step: int) -> list[int]:
     """The pair indices of 1-based `step`."""
-    start = (step - 1) * self.per_step
-    perms: dict[int, np.ndarray] = {}
-    out = []
-    for pos in range(start, start + self.per_step):
-      epoch, i = divmod(pos, self.num_pairs)
-      if epoch not in perms:
-        perms[epoch] = np.random.default_rng([self.seed, epoch]).permutation(self.num_pairs)
-      out.append(int(perms[epoch][i]))
-    return out
+    epoch, pos = divmod((step - 1) * self.per_step, self.num_pairs)
+    self._order.load(dict(epoch=epoch, pos=pos))
+    return [int(i) for i in self._order.next(self.per_step)]
