@@ -9,10 +9,10 @@ is never rendered for a config the run would refuse.
 """
 from __future__ import annotations
 
-import ast
 import sys
 
 from absl import app, flags
+from ml_collections import config_flags
 
 import launch.k8s as k8s
 from dockyard import validate
@@ -40,21 +40,18 @@ _CHECK = flags.DEFINE_bool("check", False, "Validate offline (kubernetes-validat
 _K8S_VERSION = flags.DEFINE_string("kubernetes_version", "1.33", "Kubernetes version --check validates against.")
 
 
-def apply_overrides(config, overrides: list[str]) -> None:
-  """Sets each `--config.a.b=v` (already checked by validate.check_overrides) so the manifests see it."""
-  for arg in overrides:
-    key, _, value = arg[len("--config."):].partition("=")
-    *parents, leaf = key.split(".")
-    node = config
-    for part in parents:
-      node = node[part]
-    current = node[leaf]
-    if isinstance(current, bool):
-      node[leaf] = value.lower() in ("true", "1")
-    elif isinstance(current, (int, float, str)):
-      node[leaf] = type(current)(value)
-    else:
-      node[leaf] = ast.literal_eval(value)
+def load_config(spec: str, overrides: list[str]):
+  """The config `dockyard.launch --config=spec <overrides>` would run: the overrides checked by
+  validate.check_overrides (a typo names its key), then parsed by ml_collections' config_flags,
+  the parser dockyard.launch uses, on a flag set of its own."""
+  config = validate.load_config_file(spec)
+  validate.check_overrides(config, overrides)
+  argv = ["launch.k8s", f"--config={spec}", *overrides]
+  flag_values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, "", flag_values=flag_values, lock_config=True,
+                                  sys_argv=argv)
+  flag_values(argv)
+  return flag_values.config
 
 
 def main(argv):
@@ -63,11 +60,9 @@ def main(argv):
     raise SystemExit("error: --config is required")
   import yaml
   try:
-    config = validate.load_config_file(_CONFIG.value)
-    validate.check_overrides(config, list(_OVERRIDE.value))
-    apply_overrides(config, list(_OVERRIDE.value))
+    config = load_config(_CONFIG.value, list(_OVERRIDE.value))
     validate.validate(config)
-  except validate.ConfigError as e:
+  except (validate.ConfigError, ValueError, flags.Error) as e:   # as dockyard.launch reports them
     raise SystemExit(f"error: {e}")
   opts = k8s.Options(
       config_spec=_CONFIG.value, name=_NAME.value or config.run.name.replace("_", "-"),

@@ -185,3 +185,13 @@ def test_hadolint(dockerfile):
     lines = f.read().splitlines()
   last_run = max(i for i, line in enumerate(lines) if line.startswith("RUN "))
   assert "import " in " ".join(lines[last_run:]), "the image must end in an import smoke check"
+
+
+def test_overrides_reach_the_manifests_and_typos_name_their_key():
+  # Parsed as dockyard.launch parses them (ml_collections' config_flags), so the manifests see them.
+  rendered = _render("--override=--config.sandbox.num_executors=3")
+  assert rendered["Deployment"]["spec"]["replicas"] == 3
+  assert "--config.sandbox.num_executors=3" in rendered["RayJob"]["spec"]["entrypoint"]
+  r = subprocess.run([sys.executable, "-m", "launch.k8s", "--config=configs/swe.py:full",
+                      "--override=--config.sandbox.num_executor=3"], cwd=ROOT, capture_output=True, text=True)
+  assert r.returncode != 0 and "config.sandbox.num_executor: unknown key" in r.stderr
