@@ -26,7 +26,11 @@ FAMILIES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "llama": "LlamaForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
 }
+# Qwen3-MoE's extra knobs and their tiny defaults (a spec may override them; other families
+# ignore them): 8 experts of width 64, 2 per token.
+MOE_DEFAULTS = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True)
 
 DEFAULT_SPEC = dict(
     family="qwen2", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
@@ -87,6 +91,11 @@ def make_hf_config(spec: Mapping):
   if family == "qwen3":
     return transformers.Qwen3Config(rope_theta=1000000.0,
                                     head_dim=spec["hidden_size"] // spec["num_attention_heads"], **common)
+  if family == "qwen3_moe":
+    moe = {k: spec.get(k, v) for k, v in MOE_DEFAULTS.items()}
+    return transformers.Qwen3MoeConfig(rope_theta=1000000.0, decoder_sparse_step=1, mlp_only_layers=[],
+                                       head_dim=spec["hidden_size"] // spec["num_attention_heads"],
+                                       **moe, **common)
   return transformers.LlamaConfig(rope_theta=500000.0, attention_bias=False, mlp_bias=False, **common)
 
 
