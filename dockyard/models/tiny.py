@@ -92,10 +92,12 @@ def make_hf_config(spec: Mapping):
     return transformers.Qwen3Config(rope_theta=1000000.0,
                                     head_dim=spec["hidden_size"] // spec["num_attention_heads"], **common)
   if family == "qwen3_moe":
-    moe = {k: spec.get(k, v) for k, v in MOE_DEFAULTS.items()}
-    return transformers.Qwen3MoeConfig(rope_theta=1000000.0, decoder_sparse_step=1, mlp_only_layers=[],
-                                       head_dim=spec["hidden_size"] // spec["num_attention_heads"],
-                                       **moe, **common)
+    moe = {**MOE_DEFAULTS, **spec}
+    return transformers.Qwen3MoeConfig(
+        rope_theta=1000000.0, decoder_sparse_step=1, mlp_only_layers=[],
+        head_dim=spec["hidden_size"] // spec["num_attention_heads"], num_experts=moe["num_experts"],
+        num_experts_per_tok=moe["num_experts_per_tok"], moe_intermediate_size=moe["moe_intermediate_size"],
+        norm_topk_prob=moe["norm_topk_prob"], **common)
   return transformers.LlamaConfig(rope_theta=500000.0, attention_bias=False, mlp_bias=False, **common)
 
 
@@ -105,6 +107,8 @@ def make_tiny_model(spec: Mapping | None = None, out_dir: str | None = None, see
   import transformers
 
   spec = {**DEFAULT_SPEC, **dict(spec or {})}
+  if spec["family"] == "qwen3_moe":   # the expert knobs are part of what the cache key names
+    spec = {**MOE_DEFAULTS, **spec}
   key = hashlib.sha256(json.dumps({**spec, "seed": seed, "v": 1}, sort_keys=True).encode()).hexdigest()[:12]
   out_dir = out_dir or os.path.join(cache_root(), "models", f"tiny-{spec['family']}-{key}")
   if os.path.exists(os.path.join(out_dir, "model.safetensors")) and os.path.exists(
