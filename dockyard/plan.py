@@ -111,13 +111,15 @@ def make_plan(config: ml_collections.ConfigDict) -> RunPlan:
   fleets = [
       _trainer_fleet(config, devices, trainer_nodes),
       Fleet("rollout", config.rollout.num_engines,
-            {unit: config.rollout.tensor_parallel_size}, "PACK (one bundle per TP rank)", inference_nodes),
+            {unit: config.rollout.tensor_parallel_size}, "PACK (one bundle per TP rank)",
+            inference_nodes + " (fleet_inference nodes where the cluster advertises fleet roles)"),
   ]
   sandboxed = config.env.name in ("swe", "terminal")
   sandbox_urls = tuple(config.env.code.sandbox_urls) if sandboxed else ()
   if sandboxed and not sandbox_urls:   # the runner starts a local fleet then
     fleets.append(Fleet("sandbox", config.sandbox.num_executors,
-                        {"CPU": max(config.sandbox.slots, 1)}, "SPREAD", "every node"))
+                        {"CPU": max(config.sandbox.slots, 1)}, "SPREAD",
+                        "every node (fleet_sandbox nodes where the cluster advertises fleet roles)"))
   loop = "async" if config.grpo.async_grpo.enabled else "sync"
   policy = _policy_name(config)
   if config.env.name == "swe":

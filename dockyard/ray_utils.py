@@ -18,12 +18,16 @@ def init_ray(address: str = "", num_cpus: int | None = None):
   return ray
 
 
-# Fleet roles (issue 20 item 1). A node declares its role in $DOCKYARD_FLEET_ROLE before it joins
-# Ray and advertises the custom resource `fleet_<role>: 1` (launch/slurm/ray.sub, launch/k8s);
-# an actor asks for a fraction of it (e.g. 0.001) to land on a node of that role. The runtime does
-# not place by role yet: these names are what the launch files write and what placement will read.
+# Fleet roles. A node declares its role in $DOCKYARD_FLEET_ROLE before it joins Ray; the bootstrap
+# (`python -m dockyard.ray_node`, which launch/slurm/ray.sub runs; KubeRay passes the same resource
+# in rayStartParams, launch/k8s) makes it advertise the custom resource `fleet_<role>: 1`. When the
+# connected cluster advertises any role, every fleet bundle asks for ROLE_SHARE of its role's
+# resource (`role_bundle`), so engines land on inference nodes and executors on sandbox nodes, and
+# the driver (the trainer) must sit on a trainer node (`check_driver_node`). A cluster that
+# advertises no role (a local Ray, a laptop) places by CPU/GPU alone, as before.
 FLEET_ROLE_ENV = "DOCKYARD_FLEET_ROLE"
 FLEET_ROLES = ("trainer", "inference", "sandbox")
+ROLE_SHARE = 0.001   # of a node's `fleet_<role>: 1` per bundle: up to 1000 bundles a node
 
 
 def fleet_resource(role: str) -> str:
@@ -31,3 +35,47 @@ def fleet_resource(role: str) -> str:
   if role not in FLEET_ROLES:
     raise ValueError(f"fleet role {role!r}: expected one of {', '.join(FLEET_ROLES)}")
   return f"fleet_{role}"
+
+
+def node_resources(role: str) -> dict[str, float]:
+  """The custom resources a node of `role` advertises (the bootstrap's `ray start --resources`)."""
+  return {fleet_resource(role): 1.0}
+
+
+def advertised_roles(ray) -> set[str]:
+  """The roles that some alive node of the connected cluster advertises (empty: no roles)."""
+  resources = ray.cluster_resources()
+  return {role for role in FLEET_ROLES if resources.get(fleet_resource(role), 0) > 0}
+
+
+def role_bundle(ray, role: str, bundle: dict) -> dict:
+  """`bundle` plus ROLE_SHARE of `fleet_<role>` when the cluster advertises roles; else `bundle`.
+
+  Raises when the cluster advertises roles but no node of `role` has joined: its placement group
+  would wait forever otherwise."""
+  roles = advertised_roles(ray)
+  if not roles:
+    return dict(bundle)
+  if role not in roles:
+    raise RuntimeError(
+        f"the Ray cluster advertises fleet roles {sorted(roles)} but no {role} node "
+        f"(resource {fleet_resource(role)}): start one with {FLEET_ROLE_ENV}={role} "
+        f"python -m dockyard.ray_node -- --address=HEAD:PORT, or wait until it has joined")
+  return {**bundle, fleet_resource(role): ROLE_SHARE}
+
+
+def check_driver_node(ray) -> str | None:
+  """Where roles are advertised, the driver (it holds the trainer) must run on a trainer node.
+
+  Returns the driver's role (None on a cluster without roles); raises naming the node otherwise."""
+  if not advertised_roles(ray):
+    return None
+  node_id = ray.get_runtime_context().get_node_id()
+  node = next((n for n in ray.nodes() if n["NodeID"] == node_id), None)
+  resources = (node or {}).get("Resources", {})
+  roles = [role for role in FLEET_ROLES if resources.get(fleet_resource(role), 0) > 0]
+  if "trainer" not in roles:
+    raise RuntimeError(
+        f"this process (the trainer) is attached to Ray node {node_id} with roles {roles or 'none'}; "
+        f"the cluster advertises fleet roles, so run it on a trainer node ({FLEET_ROLE_ENV}=trainer)")
+  return "trainer"

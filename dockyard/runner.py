@@ -153,6 +153,7 @@ def run(config, paths: dict[str, str]) -> None:
     with component("ray", "starting Ray"):
       ray = ray_utils.init_ray(config.run.ray_address)
       stack.callback(ray.shutdown)
+      ray_utils.check_driver_node(ray)   # on a cluster with fleet roles: the trainer's node
     with component("model", "preparing the model and its tokenizer"):
       model_path = resolve_model(config)
       import transformers

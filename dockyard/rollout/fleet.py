@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 import dockyard
-from dockyard.ray_utils import init_ray
+from dockyard import ray_utils
 from dockyard.rollout import wire
 from dockyard.rollout.base import Completion, Generator, SamplingParams
 
@@ -97,19 +97,21 @@ class EngineActorImpl:
 
 
 def _placement(rollout, on_gpu: bool):
-  """One PACK placement group per engine: its tensor-parallel ranks on one node."""
+  """One PACK placement group per engine: its tensor-parallel ranks on one node, an inference
+  node where the cluster advertises fleet roles (`ray_utils.role_bundle`)."""
+  import ray
   from ray.util.placement_group import placement_group
   tp = int(rollout["tensor_parallel_size"])
   cpus = float(rollout["cpus_per_engine"])
-  bundles = [{"CPU": cpus / tp, "GPU": 1.0} if on_gpu else {"CPU": cpus / tp} for _ in range(tp)]
-  return placement_group(bundles, strategy="PACK")
+  bundle = ray_utils.role_bundle(ray, "inference", {"CPU": cpus / tp, "GPU": 1.0} if on_gpu else {"CPU": cpus / tp})
+  return placement_group([dict(bundle) for _ in range(tp)], strategy="PACK")
 
 
 class RolloutFleet(Generator):
   in_process = False   # engines are Ray actors: weights travel serialized or broadcast
 
   def __init__(self, config: Any, model_path: str, num_cpus: int | None = None):
-    ray = init_ray(config.run.ray_address, num_cpus=num_cpus)
+    ray = ray_utils.init_ray(config.run.ray_address, num_cpus=num_cpus)
     self._ray = ray
     self.rollout = dict(config.rollout)
     n = int(self.rollout["num_engines"])

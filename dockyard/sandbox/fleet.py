@@ -20,7 +20,7 @@ from dockyard import ray_utils
 class _ExecutorServer:
   """The body of the Ray actor (kept as a plain class so it can be tested without Ray)."""
 
-  def __init__(self, host: str, port: int, slots: int, queue_size: int, limits: dict,
+  def __init__(self, host: str | None, port: int, slots: int, queue_size: int, limits: dict,
                repos_dir: str | None, cache_dir: str | None):
     import asyncio
 
@@ -29,6 +29,9 @@ class _ExecutorServer:
     from dockyard.sandbox.executor import Executor, Limits
     from dockyard.sandbox.local import free_port
     from dockyard.sandbox.server import make_app
+    if host is None:   # this actor's node, not the driver's
+      import ray
+      host = ray.util.get_node_ip_address()
     port = port if port and _port_free(host, port) else free_port(host)
     self._url = f"http://{host}:{port}"
     self._error = None
@@ -118,12 +121,14 @@ def start_local_fleet(config, repos_dir: str | None = None, cache_dir: str | Non
   # The same bundles the launcher's plan prints: the executor's own CPUs. Its sandboxes are
   # ordinary processes on that node, limited by `slots`, not by Ray.
   cpus = float(sandbox.cpus_per_executor) if sandbox.get("cpus_per_executor", 0) > 0 else max(int(sandbox.slots), 1)
-  pg = placement_group([{"CPU": cpus}] * n, strategy="SPREAD")
+  # SPREAD over the nodes; over the sandbox nodes alone where the cluster advertises fleet roles.
+  bundle = ray_utils.role_bundle(ray, "sandbox", {"CPU": cpus})
+  pg = placement_group([dict(bundle) for _ in range(n)], strategy="SPREAD")
   ray.get(pg.ready(), timeout=120)
   actor_cls = ray.remote(num_cpus=cpus)(_ExecutorServer)
   actors = []
   for i in range(n):
-    bind = host or ("127.0.0.1" if local else ray.util.get_node_ip_address())
+    bind = host or ("127.0.0.1" if local else None)   # None: the IP of the node the actor lands on
     actors.append(actor_cls.options(
         scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i)
     ).remote(bind, int(sandbox.port) if not local else 0, slots, int(sandbox.queue_size), limits,

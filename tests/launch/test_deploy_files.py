@@ -45,7 +45,7 @@ def test_slurm_dry_run_roles_per_node():
   assert len(lines) == 6
   head, *workers, driver = lines
   assert head.startswith("srun --nodes=1 --ntasks=1 -w n0 ")   # the head first
-  assert "ray start --head --node-ip-address=n0 --port=6379" in head and head.endswith(" &")
+  assert "python -m dockyard.ray_node -- --head --node-ip-address=n0 --port=6379" in head and head.endswith(" &")
   roles = {"n0": "trainer", "n1": "trainer", "n2": "inference", "n3": "inference", "n4": "sandbox"}
   for node, line in zip(["n1", "n2", "n3", "n4"], workers):
     role = roles[node]
@@ -55,9 +55,9 @@ def test_slurm_dry_run_roles_per_node():
       assert "python -m dockyard.sandbox.server --host=0.0.0.0 --port=9090" in line
     else:
       assert "--container-image=dockyard/trainer:latest" in line
-      assert "ray start --address=n0:6379" in line
-      assert f"'--resources={{\"{ray_utils.fleet_resource(role)}\":1}}'" in line
-  assert f"'--resources={{\"{ray_utils.fleet_resource('trainer')}\":1}}'" in head
+      # The bootstrap reads the role exported above and adds its resource (tests/launch/test_fleet_roles.py).
+      assert "python -m dockyard.ray_node -- --address=n0:6379" in line
+  assert f"--export=ALL,{ray_utils.FLEET_ROLE_ENV}=trainer " in head
   assert " -w n0 --overlap " in driver and not driver.endswith("&")
   assert "python -m dockyard.launch --config=configs/swe.py:full" in driver
   assert "--config.run.ray_address=n0:6379" in driver
