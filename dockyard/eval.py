@@ -4,13 +4,15 @@ r"""Evaluation on the test split: pass@1 of one sample per task at `rollout.val_
 `eval.temperature` and the unbiased pass@k (and pass@1 of those samples), each with a 95%
 percentile-bootstrap interval over tasks (`dockyard.estimators`).
 
-  python -m dockyard.launch --config=configs/math.py:smollm --config.run.mode=eval \
-      --workdir=workdirs/math_eval [--config.policy.model_name_or_path=/path/to/hf/checkpoint]
+  python -m dockyard.launch --config=configs/eval.py:set=math_smollm --workdir=workdirs/eval_math \
+      [--config.policy.model_name_or_path=/path/to/hf/checkpoint]
 
+configs/eval.py names the local sets; `--config.run.mode=eval` on a training config does the same
+on that config's held-out split.
 The runner calls `evaluate` in eval mode (the same validation of the config, the same parts, no
 trainer); this module imports nothing that leads back to the runner or the launcher.
-Writes eval.json (the numbers) and eval_samples.jsonl (every completion, its reward and success)
-into the workdir.
+Writes eval.json (the numbers), eval_table.md (them as a Markdown table, also printed) and
+eval_samples.jsonl (every completion, its reward and success) into the workdir.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from dockyard import estimators
 from dockyard.rollout.base import SamplingParams
 
 SAMPLES = "eval_samples.jsonl"
+TABLE = "eval_table.md"
 
 
 def sampled_pass_at_k(config, *, generator, env, tokenizer, tasks, loop, max_in_flight: int,
@@ -96,6 +99,9 @@ def evaluate(config, *, generator, env, tokenizer, tasks, workdir: str) -> dict:
             "ci95": [lo, hi], **metrics}
   if sampled is not None:
     report["sampled"] = sampled
+  table = render_table(config.run.name, report, int(config.eval.pass_k))
+  with open(os.path.join(workdir, TABLE), "w") as f:
+    f.write(table + "\n")
   with open(os.path.join(workdir, "eval.json"), "w") as f:
     json.dump(report, f, indent=2)
   with open(os.path.join(workdir, SAMPLES), "w") as f:
@@ -108,5 +114,21 @@ def evaluate(config, *, generator, env, tokenizer, tasks, workdir: str) -> dict:
       print(f"eval: pass@{kk} (n={sampled['num_samples']}, T={sampled['temperature']:g}) = "
             f"{sampled[f'pass@{kk}']:.3f}, 95% CI [{clo:.3f}, {chi:.3f}] (bootstrap over {n} tasks)",
             flush=True)
+  print(table, flush=True)
   return report
+
+
+def render_table(name: str, report: dict, pass_k: int) -> str:
+  """The report as a Markdown table: one row per estimate (greedy pass@1, then the sampled ones)."""
+  rows = [("pass@1", f"greedy (T={report['pass@1_temperature']:g}), 1 sample", report["pass@1"],
+           report["pass@1_ci95"], "Wilson")]
+  sampled = report.get("sampled")
+  if sampled is not None:
+    for kk in sorted({1, pass_k}):
+      rows.append((f"pass@{kk}", f"{sampled['num_samples']} samples at T={sampled['temperature']:g}",
+                   sampled[f"pass@{kk}"], sampled[f"pass@{kk}_ci95"], "bootstrap over tasks"))
+  lines = ["| set | tasks | metric | how | value | 95% CI | interval |", "|---|---|---|---|---|---|---|"]
+  for metric, how, value, (lo, hi), interval in rows:
+    lines.append(f"| {name} | {report['n']} | {metric} | {how} | {value:.3f} | [{lo:.3f}, {hi:.3f}] | {interval} |")
+  return "\n".join(lines)
 

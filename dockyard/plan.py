@@ -129,6 +129,11 @@ def make_plan(config: ml_collections.ConfigDict) -> RunPlan:
     data = {"train": f"{terminal.tasks_per_family} generated per family of "
                      f"{', '.join(terminal.train_families)} (seed {terminal.seed})",
             "validation": f"held-out families {', '.join(terminal.heldout_families)}"}
+  elif config.env.name == "choice":   # multiple-choice questions generated in process (dockyard.envs.choice)
+    choice_cfg = config.env.choice
+    data = {"train": f"{choice_cfg.num_train} generated ({' '.join(choice_cfg.kinds)}, "
+                     f"{choice_cfg.num_choices} options, seed {choice_cfg.seed})",
+            "validation": f"{choice_cfg.num_validation} held out"}
   else:  # math: questions generated in process (dockyard.envs.math); the data.* paths are unused
     math_cfg = config.env.math
     data = {"train": f"{math_cfg.num_train} generated ({' '.join(math_cfg.ops)}, operands "

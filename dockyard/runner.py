@@ -70,6 +70,11 @@ def build_env(config, tokenizer, stack: contextlib.ExitStack) -> tuple[Any, list
     cfg = math_env.MathConfig.from_config(config)
     train, val = math_env.make_dataset(cfg)
     return math_env.MathEnv(cfg), train, val, val
+  if config.env.name == "choice":
+    from dockyard.envs import choice as choice_env
+    cfg = choice_env.ChoiceConfig.from_config(config)
+    train, val = choice_env.make_dataset(cfg)
+    return choice_env.ChoiceEnv(cfg), train, val, val
   if config.env.name == "terminal":   # generated tasks, split by family; held out = val = test
     from dockyard.data import terminal as terminal_data
     from dockyard.agent.envs import TerminalEnv

@@ -195,8 +195,16 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise ConfigError("rollout.max_new_tokens", f"must be < rollout.max_model_len ({rollout.max_model_len})")
   if config.refit.transport not in ("auto", "inprocess", "object_store", "shared_memory", "nccl"):
     raise ConfigError("refit.transport", f"unknown transport {config.refit.transport!r}")
-  if config.env.name not in ("swe", "math", "terminal"):
-    raise ConfigError("env.name", f"must be 'swe', 'math' or 'terminal', got {config.env.name!r}")
+  if config.env.name not in ("swe", "math", "terminal", "choice"):
+    raise ConfigError("env.name", f"must be 'swe', 'math', 'terminal' or 'choice', got {config.env.name!r}")
+  if config.env.name == "choice":
+    from dockyard.envs import choice as choice_env   # no model, no engine
+    if "choice" not in config.env:
+      raise ConfigError("env.choice", "env.name='choice' needs an env.choice section (configs/eval.py:set=choice)")
+    try:
+      choice_env.ChoiceConfig.from_config(config)
+    except ValueError as err:
+      raise ConfigError("env.choice", str(err).removeprefix("env.choice.")) from None
   if config.env.name == "terminal":
     _validate_terminal(config)
   if config.env.name == "math":

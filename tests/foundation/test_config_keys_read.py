@@ -19,6 +19,7 @@ import os
 import pytest
 
 from configs import dpo as dpo_config
+from configs import eval as eval_config
 from configs import math as math_config
 from configs import swe as swe_config
 from configs import swe_agent as swe_agent_config
@@ -29,7 +30,8 @@ PRODUCT = ("dockyard", "launch")
 SHIPPED = [(swe_config, a) for a in ("tiny", "full", "torch", "sync", "full,torch", "moe")] + [
     (math_config, a) for a in ("tiny", "full", "smollm")] + [
     (m, a) for m in (swe_agent_config, terminal_config) for a in ("tiny", "full", "torch")] + [
-    (dpo_config, a) for a in ("tiny", "torch", "mode=ipo", "mode=simpo", "mode=orpo,torch")]
+    (dpo_config, a) for a in ("tiny", "torch", "mode=ipo", "mode=simpo", "mode=orpo,torch")] + [
+    (eval_config, f"set={s}") for s in eval_config.SETS]
 
 
 def leaves(node, prefix=()):
@@ -165,6 +167,8 @@ def test_the_removed_inert_keys_stay_removed():
 def test_each_sweep_brackets_the_rate_its_config_trains_at():
   from dockyard import sweep as h
   for module, arg in SHIPPED:
+    if module is eval_config:   # evaluation trains nothing: no sweep
+      continue
     lr = module.get_config(arg).optim.lr
     rates = {t["config.optim.lr"] for t in module.get_hyper(h, arg)}
     assert min(rates) < lr < max(rates), f"{module.__name__}:{arg} trains at {lr}, sweeps {sorted(rates)}"

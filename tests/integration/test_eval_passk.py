@@ -1,6 +1,7 @@
-"""Evaluation end to end on the tiny local model: `python -m dockyard.launch --config.run.mode=eval` (local Ray, CPU vLLM, the
-JAX policy) on a few held-out sums reports greedy pass@1 and sampled pass@k with their intervals,
-and every number in eval.json is recomputed here from the completions it wrote (eval_samples.jsonl).
+"""Evaluation end to end on the tiny local model: `python -m dockyard.launch --config=configs/eval.py:set=math`
+(local Ray, CPU vLLM; no trainer) on a few held-out sums reports greedy pass@1 and sampled pass@k
+with their intervals, and every number in eval.json and eval_table.md is recomputed here from the
+completions it wrote (eval_samples.jsonl).
 
 The untrained tiny model is rarely right, so the counts here may all be zero; the accounting with
 mixed counts is checked on the fakes (tests/grpo/test_eval_passk_fakes.py). This test is the
@@ -25,7 +26,7 @@ N_TASKS, N_SAMPLES, K = 8, 12, 4
 @pytest.fixture(scope="module")
 def eval_run(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("math_eval"))
-  cmd = [sys.executable, "-m", "dockyard.launch", "--config=configs/math.py", "--config.run.mode=eval",
+  cmd = [sys.executable, "-m", "dockyard.launch", "--config=configs/eval.py:set=math",
          f"--workdir={workdir}",
          "--config.env.math.max_operand=2", "--config.env.math.num_train=1",
          f"--config.env.math.num_validation={N_TASKS}", f"--config.eval.pass_k={K}",
@@ -35,7 +36,8 @@ def eval_run(tmp_path_factory):
   assert proc.returncode == 0, f"eval failed (rc={proc.returncode}):\n{proc.stderr[-4000:]}"
   report = json.load(open(os.path.join(workdir, "eval.json")))
   samples = [json.loads(line) for line in open(os.path.join(workdir, "eval_samples.jsonl"))]
-  return report, samples, proc.stdout
+  table = open(os.path.join(workdir, "eval_table.md")).read()
+  return report, samples, proc.stdout + "\n" + table
 
 
 def test_greedy_pass_at_1_and_its_wilson_interval(eval_run):
@@ -67,3 +69,16 @@ def test_sampled_pass_at_k_is_the_unbiased_estimate_of_the_written_samples(eval_
     assert lo <= got[f"pass@{k}"] <= hi and (lo, hi) == pytest.approx(estimators.bootstrap_ci(per_task, 1000, 0))
   assert got["pass@1"] <= got[f"pass@{K}"]
   assert got["tasks_with_a_success"] == sum(c > 0 for _, c in counts)
+
+
+def test_the_table_holds_the_reported_numbers(eval_run):
+  report, _, stdout = eval_run
+  table = stdout.rsplit("\n| set |", 1)[1].strip().splitlines()
+  rows = [[c.strip() for c in line.strip("|").split("|")] for line in table[1:]]
+  assert [r[2] for r in rows] == ["pass@1", "pass@1", f"pass@{K}"]
+  assert all(r[0] == "eval_math" and r[1] == str(N_TASKS) for r in rows)
+  values = [report["pass@1"], report["sampled"]["pass@1"], report["sampled"][f"pass@{K}"]]
+  cis = [report["pass@1_ci95"], report["sampled"]["pass@1_ci95"], report["sampled"][f"pass@{K}_ci95"]]
+  for row, value, (lo, hi) in zip(rows, values, cis):
+    assert row[4] == f"{value:.3f}" and row[5] == f"[{lo:.3f}, {hi:.3f}]"
+  assert stdout.count("| eval_math |") == 6                     # printed, and written to eval_table.md
