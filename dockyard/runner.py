@@ -169,6 +169,7 @@ def generation_metric(config, policy, tokenizer, model_path: str, stack: context
   from dockyard.supervised.loop import GenerationMetric
   env = math_env.MathEnv(math_env.MathConfig.from_config(config))
   engine = VLLMEngine(model_path, config.rollout, seed=config.run.seed)
+  stack.callback(engine.shutdown)
   canary = config.refit.canary
   synchronizer = WeightSynchronizer(policy, engine, InProcessTransport(engine),
                                     RefitCanary.random(engine.vocab_size, float(canary.max_abs_logprob_delta))

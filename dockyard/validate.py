@@ -378,6 +378,9 @@ def _validate_sft(config) -> None:
                       "held-out split is the validation set): give data.train too, or leave both ''")
   _validate_math_env(config)   # the default chats, and the generation metric's tasks
   if int(sft.generate_period) > 0:
+    if int(config.env.math.num_validation) < 1:
+      raise ConfigError("env.math.num_validation", "the generation metric (sft.generate_period > 0) "
+                        "samples the held-out tasks: must be >= 1, or set sft.generate_period=0")
     rollout = config.rollout
     if int(rollout.tensor_parallel_size) < 1:
       raise ConfigError("rollout.tensor_parallel_size", f"must be >= 1, got {rollout.tensor_parallel_size}")

@@ -3,7 +3,8 @@
 Two sources (`config.data.train`):
   gold_conversations  '' (the default): the arithmetic env's tasks (`dockyard.envs.math`,
                       `config.env.math`) as two-turn chats, the env's prompt then its gold answer
-                      as the assistant turn: the targets the GRPO SFT warm start trains on.
+                      as the assistant turn: the GRPO SFT warm start's chats (`grpo.sft`), which
+                      are packed the same way (`make_batch`).
   read_jsonl          a path: the user's conversations in TRL's / HF's conversational schema, one
                       {"messages": [{"role", "content"}, ...]} a line; a bad record is a
                       `ChatDataError` naming its file and line.
@@ -18,7 +19,7 @@ import json
 from typing import Any, Mapping, Sequence
 
 from dockyard.conversation import ChatTemplateError, EncodedConversation, encode_conversation
-from dockyard.grpo.batch import pack_sequences
+from dockyard.grpo.sft import gold_messages, pack_conversations
 from dockyard.policy import TrainBatch
 
 
@@ -32,10 +33,8 @@ class Conversation:
 
 
 def gold_conversations(env, tasks: Sequence[Mapping[str, Any]]) -> list[Conversation]:
-  """One chat per task: the env's prompt messages, then its gold answer as the assistant turn."""
-  return [Conversation((*env.prompt_messages(task),
-                        {"role": "assistant", "content": env.gold_completion(task)}))
-          for task in tasks]
+  """One chat per task, as the GRPO warm start makes them (`grpo.sft.gold_messages`)."""
+  return [Conversation(tuple(gold_messages(env, task))) for task in tasks]
 
 
 def conversation_from_record(record: Any, where: str) -> Conversation:
@@ -96,7 +95,6 @@ def encode_conversations(tokenizer, conversations: Sequence[Conversation],
 
 
 def make_batch(conversations: Sequence[EncodedConversation], pad_id: int, pad_multiple: int = 1) -> TrainBatch:
-  """Right-padded rows with the assistant mask as the loss mask (`grpo.batch.pack_sequences`: the
-  first token is the row's "prompt", which nothing before it predicts)."""
-  return pack_sequences([c.ids[:1] for c in conversations], [c.ids[1:] for c in conversations],
-                        pad_id, pad_multiple, completion_masks=[c.mask[1:] for c in conversations])
+  """Right-padded rows, the assistant mask as the loss mask: the warm start's packing
+  (`grpo.sft.pack_conversations`)."""
+  return pack_conversations(conversations, pad_id, pad_multiple)
