@@ -168,6 +168,9 @@ def generation_metric(config, policy, tokenizer, model_path: str, stack: context
   from dockyard.rollout.vllm_engine import VLLMEngine
   from dockyard.supervised.loop import GenerationMetric
   env = math_env.MathEnv(math_env.MathConfig.from_config(config))
+  # As the fleet's engine actors: every refit logs INFO lines (and benign 'Failed to load weights'
+  # warnings for tied / rotary modules); vLLM reads this when it is first imported, here.
+  os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
   engine = VLLMEngine(model_path, config.rollout, seed=config.run.seed)
   stack.callback(engine.shutdown)
   canary = config.refit.canary
