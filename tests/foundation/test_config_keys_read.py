@@ -31,7 +31,7 @@ SHIPPED = [(swe_config, a) for a in ("tiny", "full", "torch", "sync", "full,torc
     (math_config, a) for a in ("tiny", "full", "smollm")] + [
     (m, a) for m in (swe_agent_config, terminal_config) for a in ("tiny", "full", "torch")] + [
     (dpo_config, a) for a in ("tiny", "torch", "mode=ipo", "mode=simpo", "mode=orpo,torch")] + [
-    (sft_config, a) for a in ("tiny", "torch")]
+    (sft_config, a) for a in ("tiny", "torch", "smollm")]
 
 
 def leaves(node, prefix=()):
