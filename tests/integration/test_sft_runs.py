@@ -25,9 +25,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 MAX_LOSS_AT_20 = 4.0   # held-out NLL per answer token after 20 steps (measured 2.36; 7.05 at 0)
 
 
-def _launch(workdir, *args):
+def _launch(workdir, *args, config="configs/sft.py"):
   t0 = time.perf_counter()
-  proc = subprocess.run([sys.executable, "-m", "dockyard.launch", "--config=configs/sft.py",
+  proc = subprocess.run([sys.executable, "-m", "dockyard.launch", f"--config={config}",
                          f"--workdir={workdir}", "--config.logging.tensorboard=False",
                          "--config.logging.png_curve=False", "--config.sft.val_period=10",
                          "--config.checkpoint.save_period=10", *args],
@@ -66,3 +66,18 @@ def test_tiny_sft_lowers_held_out_loss_and_resumes(tmp_path):
   assert [r["step"] for r in val] == [0, 10, 20, 25]         # no second step-0 validation
   assert train[20]["train/loss"] < MAX_LOSS_AT_20            # step 21 starts from the trained weights
   assert val[-1]["val/loss"] < val[-2]["val/loss"]
+
+
+def test_torch_backend_beside_the_engine(tmp_path):
+  """`:torch`: the torch trainer and the vLLM engine share a process (and torch.distributed: the
+  trainer's one-rank gloo group, vLLM's own groups); the run trains, samples after a refit, and
+  exits cleanly (the engine is shut down before the trainer destroys every group at exit)."""
+  workdir = str(tmp_path / "sft_torch")
+  proc, rows = _launch(workdir, "--config.sft.num_steps=4", "--config.sft.val_period=2",
+                       "--config.sft.generate_period=4", config="configs/sft.py:torch")
+  assert [r["step"] for r in rows if "train/loss" in r] == [1, 2, 3, 4]
+  val = [r["val/loss"] for r in rows if "val/loss" in r]
+  assert len(val) == 3 and val[-1] < val[0]
+  assert all(r["refit/canary/max_abs_logprob_delta"] <= 1e-3 for r in rows if "val/pass@1" in r)
+  assert "sft_tiny: summary (sft, torch)" in proc.stdout
+  assert "Invalid process group" not in proc.stderr and "Traceback" not in proc.stderr
