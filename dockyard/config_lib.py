@@ -43,9 +43,10 @@ def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
 
 def train_steps(config) -> int:
   """The optimizer steps the config's loop runs: `grpo.max_num_steps`, or `dpo.num_steps` for a
-  preference run (configs/dpo.py has no grpo section); 0 when neither is set. The trainers size
+  preference run, or `sft.num_steps` for an SFT run (configs/dpo.py and configs/sft.py have no
+  grpo section); 0 when none is set. The trainers size
   their learning-rate schedule with it when `optim.decay_steps` is 0."""
-  for section, key in (("grpo", "max_num_steps"), ("dpo", "num_steps")):
+  for section, key in (("grpo", "max_num_steps"), ("dpo", "num_steps"), ("sft", "num_steps")):
     if section in config and key in config[section]:
       return int(config[section][key])
   return 0

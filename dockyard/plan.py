@@ -93,9 +93,36 @@ def preference_plan(config: ml_collections.ConfigDict) -> RunPlan:
       mesh_shape=mesh_shape, fleets=fleets, sandbox_urls=(), data=data, steps=int(dpo.num_steps))
 
 
+def sft_plan(config: ml_collections.ConfigDict) -> RunPlan:
+  """configs/sft.py: the trainer, and a vLLM engine in its process for the generation metric."""
+  cluster, sft = config.cluster, config.sft
+  devices = validate._mesh_devices(config)
+  mesh_shape = validate.resolve_mesh_shape(config.mesh.shape, devices)
+  nodes = "node 0" if cluster.trainer_nodes == 1 else f"nodes 0-{cluster.trainer_nodes - 1}"
+  fleets = [_trainer_fleet(config, devices, nodes)]
+  math_cfg = config.env.math
+  tasks = (f"{math_cfg.num_validation} held-out math tasks ({' '.join(math_cfg.ops)}, operands "
+           f"{math_cfg.min_operand}-{math_cfg.max_operand}, seed {math_cfg.seed})")
+  if int(sft.generate_period) > 0:
+    unit = "GPU" if cluster.accelerators_per_node > 0 else "CPU"
+    fleets.append(Fleet("rollout", 1, {unit: config.rollout.tensor_parallel_size},
+                        f"in the trainer's process (greedy pass@1 on {tasks})", "node 0"))
+  if config.data.train:
+    data = {"train": config.data.train, "validation": config.data.validation or "none"}
+  else:
+    data = {"train": f"{math_cfg.num_train} math chats (prompt, gold answer)", "validation": tasks}
+  data["conversations_per_step"] = sft.batch_size
+  return RunPlan(
+      variant=config.run.variant, mode="train", loop="sft", env="chat conversations",
+      policy=_policy_name(config), backend=config.policy.backend, mesh_axes=tuple(config.mesh.axes),
+      mesh_shape=mesh_shape, fleets=fleets, sandbox_urls=(), data=data, steps=int(sft.num_steps))
+
+
 def make_plan(config: ml_collections.ConfigDict) -> RunPlan:
   if "dpo" in config:
     return preference_plan(config)
+  if "sft" in config:
+    return sft_plan(config)
   cluster = config.cluster
   devices = validate._mesh_devices(config)
   mesh_shape = validate.resolve_mesh_shape(config.mesh.shape, devices)

@@ -5,7 +5,9 @@ environment (and the local sandbox fleet for SWE when no URLs are configured), t
 vLLM rollout fleet, the weight synchronizer, the trajectory source the config selects (sync or
 async); then `grpo.loop.grpo_train` over it (or, in eval mode, one validation pass over the test
 split). A config with a `dpo` section (configs/dpo.py) runs `dpo.loop.dpo_train` instead: the
-policy, its frozen reference and the preference pairs, no Ray and no engines. Whatever fails, every fleet is shut down on the way
+policy, its frozen reference and the preference pairs, no Ray and no engines; one with an `sft`
+section (configs/sft.py) runs `supervised.loop.sft_train`: the policy, the chats, and a vLLM engine
+in this process for the generation metric. Whatever fails, every fleet is shut down on the way
 out, and the failing component is named in the error.
 """
 from __future__ import annotations
@@ -148,9 +150,79 @@ def run_preference(config, paths: dict[str, str]) -> None:
                                   total_s=time.perf_counter() - t0), flush=True)
 
 
+def conversations(config) -> tuple[list, list]:
+  """(train, held-out) chats: the JSONL files `data.train` / `data.validation`, or, when
+  `data.train` is '', the math env's splits as (prompt, gold answer) chats (`config.env.math`)."""
+  from dockyard.supervised import data as chat_data
+  if config.data.train:
+    val = chat_data.read_jsonl(config.data.validation) if config.data.validation else []
+    return chat_data.read_jsonl(config.data.train), val
+  from dockyard.envs import math as math_env
+  env = math_env.MathEnv(math_env.MathConfig.from_config(config))
+  return chat_data.gold_conversations(env, env.train), chat_data.gold_conversations(env, env.validation)
+
+
+def generation_metric(config, policy, tokenizer, model_path: str, stack: contextlib.ExitStack):
+  """The SFT run's generation metric: greedy pass@1 on env.math's held-out tasks, sampled by a
+  vLLM engine in this process that the policy's weights reach in process (with the refit canary)."""
+  from dockyard.envs import math as math_env
+  from dockyard.refit.canary import RefitCanary
+  from dockyard.refit.synchronizer import WeightSynchronizer
+  from dockyard.refit.transports import InProcessTransport
+  from dockyard.rollout.base import SamplingParams
+  from dockyard.rollout.vllm_engine import VLLMEngine
+  from dockyard.supervised.loop import GenerationMetric
+  env = math_env.MathEnv(math_env.MathConfig.from_config(config))
+  # As the fleet's engine actors: every refit logs INFO lines (and benign 'Failed to load weights'
+  # warnings for tied / rotary modules); vLLM reads this when it is first imported, here.
+  os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+  engine = VLLMEngine(model_path, config.rollout, seed=config.run.seed)
+  stack.callback(engine.shutdown)
+  canary = config.refit.canary
+  synchronizer = WeightSynchronizer(policy, engine, InProcessTransport(engine),
+                                    RefitCanary.random(engine.vocab_size, float(canary.max_abs_logprob_delta))
+                                    if canary.enabled else None)
+  sampling = SamplingParams(temperature=config.rollout.val_temperature, top_p=1.0,
+                            max_tokens=config.rollout.max_new_tokens, seed=config.run.seed)
+  metric = GenerationMetric(synchronizer, engine, env, tokenizer, env.validation, sampling)
+  stack.callback(metric.close)
+  return metric
+
+
+def run_supervised(config, paths: dict[str, str]) -> None:
+  """An SFT run (configs/sft.py): no Ray; the policy, the chats, and (when `sft.generate_period`
+  > 0) the generation metric's engine; then `supervised.loop.sft_train`."""
+  t0 = time.perf_counter()
+  with component("model", "preparing the model and its tokenizer"):
+    model_path = resolve_model(config)
+    import transformers
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)
+  with component("data"):
+    train, validation = conversations(config)
+  from dockyard import policy_factory
+  with component("trainer", f"building the {config.policy.backend} trainer"):
+    policy = policy_factory.make_policy(config, model_path)
+  with contextlib.ExitStack() as stack:
+    generation = None
+    if int(config.sft.generate_period) > 0:
+      with component("rollout", "starting the vLLM engine of the generation metric"):
+        generation = generation_metric(config, policy, tokenizer, model_path, stack)
+    setup_s = time.perf_counter() - t0
+    from dockyard.supervised.loop import sft_train
+    result = sft_train(config, policy=policy, tokenizer=tokenizer, train=train, validation=validation,
+                       workdir=paths["workdir"], loss_fn=policy_factory.make_loss(config, "nll"),
+                       generation=generation)
+  from dockyard import summary
+  print(summary.render_sft(config, paths["workdir"], result, setup_s=setup_s,
+                           total_s=time.perf_counter() - t0), flush=True)
+
+
 def run(config, paths: dict[str, str]) -> None:
   if "dpo" in config:   # a preference run: its own loop over the Policy seam, no fleets
     run_preference(config, paths)
+    return
+  if "sft" in config:   # supervised fine-tuning: sft_loop over the Policy seam, one engine at most
+    run_supervised(config, paths)
     return
   from dockyard import ray_utils
   t0 = time.perf_counter()

@@ -1,6 +1,8 @@
 """The one supervised fine-tuning loop: `sft_loop` trains any Policy through its seam.
 
-Both SFT entry points run it and differ only in what they feed it and do after each step:
+Every SFT entry point runs it and differs only in what it feeds it and does after each step:
+`dockyard.supervised.loop.sft_train` (configs/sft.py: chat data with the assistant-turn mask,
+held-out loss and pass@1, metrics to the run's writer, checkpoints and resume),
 `dockyard.grpo.sft.sft_warmup` (the GRPO warm start: random batches of gold answers, metrics to the
 run's writer) and `dockyard.trainer_jax.sft.run_sft` (standalone SFT from a JSONL: a grain
 pipeline, JSON log lines, orbax checkpoints and resume). Depends on `dockyard.policy` only.

@@ -120,6 +120,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if "dpo" in config:   # a preference run (configs/dpo.py): no grpo, rollout or sandbox sections
     _validate_preference(config)
     return
+  if "sft" in config:   # supervised fine-tuning (configs/sft.py): no grpo or sandbox sections
+    _validate_sft(config)
+    return
   grpo = config.grpo
   if config.run.mode not in ("train", "eval"):
     raise ConfigError("run.mode", f"must be 'train' or 'eval', got {config.run.mode!r}")
@@ -347,6 +350,57 @@ def _validate_preference(config) -> None:
       math_env.MathConfig.from_config(config)
     except ValueError as err:
       raise ConfigError("env.math", str(err).removeprefix("env.math.")) from None
+  if int(config.checkpoint.save_period) < 1:
+    raise ConfigError("checkpoint.save_period", f"must be >= 1, got {config.checkpoint.save_period}")
+
+
+def _validate_math_env(config) -> None:
+  from dockyard.envs import math as math_env   # NumPy only: no model, no engine
+  try:
+    math_env.MathConfig.from_config(config)
+  except ValueError as err:
+    raise ConfigError("env.math", str(err).removeprefix("env.math.")) from None
+
+
+def _validate_sft(config) -> None:
+  """configs/sft.py: the loop's counts, where the chats come from, and the generation metric's
+  engine (only when it runs)."""
+  _validate_policy(config)
+  _validate_mesh(config)
+  sft = config.sft
+  for key in ("num_steps", "batch_size"):
+    if int(sft[key]) < 1:
+      raise ConfigError(f"sft.{key}", f"must be >= 1, got {sft[key]}")
+  for key in ("val_period", "generate_period"):
+    if int(sft[key]) < 0:
+      raise ConfigError(f"sft.{key}", f"must be >= 0 (0: never), got {sft[key]}")
+  if int(config.optim.micro_batch_size) < 1:
+    raise ConfigError("optim.micro_batch_size", f"must be >= 1, got {config.optim.micro_batch_size}")
+  if config.data.train:
+    for key in ("train", "validation"):
+      path = config.data[key]
+      if path and not os.path.exists(path):
+        raise ConfigError(f"data.{key}", f"no chat data file at {path!r}")
+  elif config.data.validation:
+    raise ConfigError("data.validation", "set with data.train='' (chats made from env.math, whose "
+                      "held-out split is the validation set): give data.train too, or leave both ''")
+  _validate_math_env(config)   # the default chats, and the generation metric's tasks
+  if int(sft.generate_period) > 0:
+    if int(config.env.math.num_validation) < 1:
+      raise ConfigError("env.math.num_validation", "the generation metric (sft.generate_period > 0) "
+                        "samples the held-out tasks: must be >= 1, or set sft.generate_period=0")
+    rollout = config.rollout
+    if int(rollout.tensor_parallel_size) < 1:
+      raise ConfigError("rollout.tensor_parallel_size", f"must be >= 1, got {rollout.tensor_parallel_size}")
+    if int(rollout.max_new_tokens) < 1:
+      raise ConfigError("rollout.max_new_tokens", f"must be >= 1, got {rollout.max_new_tokens}")
+    if rollout.max_new_tokens >= rollout.max_model_len:
+      raise ConfigError("rollout.max_new_tokens", f"must be < rollout.max_model_len ({rollout.max_model_len})")
+    if rollout.val_temperature < 0:
+      raise ConfigError("rollout.val_temperature", f"must be >= 0 (0: greedy), got {rollout.val_temperature}")
+    if config.refit.canary.enabled and not config.refit.canary.max_abs_logprob_delta > 0:
+      raise ConfigError("refit.canary.max_abs_logprob_delta",
+                        f"must be > 0, got {config.refit.canary.max_abs_logprob_delta}")
   if int(config.checkpoint.save_period) < 1:
     raise ConfigError("checkpoint.save_period", f"must be >= 1, got {config.checkpoint.save_period}")
 

@@ -2,11 +2,16 @@
 
 A random-init tiny model almost never samples a right answer, so GRPO would see only flat groups;
 a short SFT on the training split's gold answers gets it to the format and some accuracy first.
-The environment supplies the target through `gold_completion(task)`. The loss is the NLL on the
-answer tokens + EOS (the prompt is context only), normalized per the micro-batching contract.
+The environment supplies the target through `gold_completion(task)`: each task becomes a chat, the
+env's prompt then the gold answer as the assistant turn (`gold_messages`), encoded by
+`dockyard.conversation` (the tokens of the assistant turn's content and its end-of-turn EOS are
+trained; the prompt is context only). The loss is the NLL on those tokens, normalized per the
+micro-batching contract.
 
-The steps are `dockyard.sft.sft_loop`, the one SFT loop (the standalone `dockyard.trainer_jax.sft`
-runs it too); this module supplies the batches and the per-step metrics. The warm start runs at
+This is the data and loop code of configs/sft.py too: `dockyard.supervised` builds its batches with
+`gold_messages` and `pack_conversations`, and its steps, like these, are `dockyard.sft.sft_loop`,
+the one SFT loop (the standalone `dockyard.trainer_jax.sft` runs it too); this module supplies the
+batches and the per-step metrics. The warm start runs at
 `sft_warmup.lr` through the Policy seam's `set_lr` (None afterwards returns to the policy's
 schedule).
 """
@@ -16,23 +21,30 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from dockyard.conversation import EncodedConversation, encode_conversation
 from dockyard.grpo.batch import pack_sequences
 from dockyard.policy import LossFn, Policy, TrainBatch
-from dockyard.rollout.chat import encode_prompt
 from dockyard.sft import sft_loop
 
 
+def gold_messages(env, task: Mapping[str, Any]) -> list[dict[str, str]]:
+  """The task as a chat: the env's prompt messages, then its gold answer as the assistant turn."""
+  return [*env.prompt_messages(task), {"role": "assistant", "content": env.gold_completion(task)}]
+
+
+def pack_conversations(conversations: Sequence[EncodedConversation], pad_id: int,
+                       pad_multiple: int = 1) -> TrainBatch:
+  """Right-padded rows with each conversation's assistant mask as the loss mask
+  (`batch.pack_sequences`: the first token is the row's "prompt", which nothing before predicts)."""
+  return pack_sequences([c.ids[:1] for c in conversations], [c.ids[1:] for c in conversations],
+                        pad_id, pad_multiple, completion_masks=[c.mask[1:] for c in conversations])
+
+
 def make_sft_batch(env, tokenizer, tasks: Sequence[Mapping[str, Any]], pad_multiple: int = 1) -> TrainBatch:
-  """Prompt ids (chat template) + gold answer ids + EOS; loss on the answer and EOS."""
-  if tokenizer.eos_token_id is None:
-    raise ValueError("the tokenizer has no eos_token_id; SFT targets must end with EOS")
-  prompts, answers = [], []
-  for task in tasks:
-    prompts.append(encode_prompt(tokenizer, env.prompt_messages(task)))
-    answers.append(tokenizer.encode(env.gold_completion(task), add_special_tokens=False)
-                   + [tokenizer.eos_token_id])
+  """The tasks' gold chats; loss on the answer and its end-of-turn EOS (the chat template's)."""
   pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-  return pack_sequences(prompts, answers, pad_id, pad_multiple)
+  return pack_conversations([encode_conversation(tokenizer, gold_messages(env, task)) for task in tasks],
+                            pad_id, pad_multiple)
 
 
 def sft_warmup(policy: Policy, env, tokenizer, tasks: Sequence[Mapping[str, Any]], *, steps: int,

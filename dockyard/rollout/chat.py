@@ -1,8 +1,9 @@
 """Chat messages -> prompt token ids through the tokenizer's own chat template.
 
-The one prompt encoder: the GRPO trajectory sources, the SFT warm start and the evaluator build
-prompts with `encode_prompt`, so the ids vLLM samples from are exactly the ids the trainer later
-scores.
+The one prompt encoder: the GRPO trajectory sources and the evaluator build prompts with
+`encode_prompt`, so the ids vLLM samples from are exactly the ids the trainer later scores. SFT
+(the warm start and configs/sft.py) renders whole conversations through `dockyard.conversation`,
+whose ids before an assistant turn are these (tests/supervised/test_conversation_mask.py).
 """
 from __future__ import annotations
 

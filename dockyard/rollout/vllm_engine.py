@@ -224,3 +224,10 @@ class VLLMEngine(BatchedAgenerate, Generator):
     # was reset when the weights arrived.
     with self._lock:
       self.llm.reset_prefix_cache()
+
+  def shutdown(self) -> None:
+    """Tears the engine down now, its torch.distributed state included, rather than at
+    interpreter exit: a torch trainer in the same process (configs/sft.py) destroys every process
+    group at exit, after which vLLM's own teardown fails on groups that are gone."""
+    with self._lock:
+      self.llm.llm_engine.engine_core.shutdown()

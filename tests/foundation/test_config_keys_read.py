@@ -21,6 +21,7 @@ import pytest
 from configs import dpo as dpo_config
 from configs import eval as eval_config
 from configs import math as math_config
+from configs import sft as sft_config
 from configs import swe as swe_config
 from configs import swe_agent as swe_agent_config
 from configs import terminal as terminal_config
@@ -31,6 +32,7 @@ SHIPPED = [(swe_config, a) for a in ("tiny", "full", "torch", "sync", "full,torc
     (math_config, a) for a in ("tiny", "full", "smollm")] + [
     (m, a) for m in (swe_agent_config, terminal_config) for a in ("tiny", "full", "torch")] + [
     (dpo_config, a) for a in ("tiny", "torch", "mode=ipo", "mode=simpo", "mode=orpo,torch")] + [
+    (sft_config, a) for a in ("tiny", "torch", "smollm")] + [
     (eval_config, f"set={s}") for s in eval_config.SETS]
 
 
