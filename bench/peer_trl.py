@@ -74,9 +74,10 @@ noise-dominated (200 questions: a proportion's sd is ~3 points), so the learning
 summary over seeds 0, 1, 2 (`--summarize`): mean +- sd of each side's gain, and learn_vs_trl =
 mean dockyard gain / mean TRL gain.
 
-A seed is an estimated ~1.5 h on this 2-core machine (docs/peer_trl.md). With `--workdir=DIR` each side's result is kept in DIR as
-it finishes and a rerun with the same settings reuses it, so a run cut off after one side goes on
-from the next.
+A seed takes hours on this 2-core machine (docs/peer_trl.md). With `--workdir=DIR` each side's
+result is kept in DIR as it finishes and a rerun with the same settings reuses it; the TRL side
+also checkpoints after every step and a rerun resumes it from the newest checkpoint (the dockyard
+and eval sides start over). So a seed can span sessions.
 Prints both sides' settings and step times; the last line is
   RESULT speed_vs_trl <TRL wall time per step / dockyard's> x
 preceded (not in --quick) by
@@ -205,7 +206,10 @@ def trl_args(settings: dict, config, output_dir: str):
       temperature=float(rollout.temperature), top_p=float(rollout.top_p), top_k=0,
       max_completion_length=int(rollout.max_new_tokens), use_vllm=False,
       shuffle_dataset=False, remove_unused_columns=False, dataloader_num_workers=0,
-      logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True)
+      # A checkpoint (weights, optimizer, scheduler, RNG, log history) after every step, the newest
+      # kept: a cut-off TRL side resumes from it (`side_trl`), so a seed can span sessions.
+      logging_steps=1, save_strategy="steps", save_steps=1, save_total_limit=1, save_only_model=False,
+      report_to="none", disable_tqdm=True)
 
 
 def train_prompt_order(config, train_tasks) -> list[dict]:
@@ -285,25 +289,38 @@ def side_trl(settings: dict, workdir: str) -> dict:
     rewards = loop.run_until_complete(score_all())
     return [shape_reward(r.value, r.malformed, len(ids), shaping) for r, ids in zip(rewards, completion_ids)]
 
-  class StepTimer(TrainerCallback):
-    def __init__(self):
-      self.marks: list[float] = []
+  # One record per finished step (its wall time, generate time and prompts), appended as it ends,
+  # so a resumed side reports the steps of every process that ran it. A step redone after a cut
+  # (its checkpoint not yet written) appears twice: the last record of a step wins.
+  records_path = os.path.join(workdir, "steps.jsonl")
+  generate_s: list[float] = []
 
+  class StepRecorder(TrainerCallback):
     def on_train_begin(self, *a, **k):
-      self.marks = [time.perf_counter()]
+      self.mark = time.perf_counter()
 
-    def on_step_end(self, *a, **k):
-      self.marks.append(time.perf_counter())
+    def on_step_end(self, args, state, control, **k):
+      now = time.perf_counter()
+      with open(records_path, "a") as f:
+        f.write(json.dumps(dict(step=state.global_step, step_s=now - self.mark, prompts=seen[-1],
+                                generate_s=generate_s[-1] if generate_s else None,
+                                process=process)) + "\n")
+      self.mark = now
 
-  timer = StepTimer()
+  output_dir = os.path.join(workdir, "trl")
+  checkpoints = sorted((d for d in (os.listdir(output_dir) if os.path.isdir(output_dir) else [])
+                        if d.startswith("checkpoint-")), key=lambda d: int(d.split("-")[1]))
+  resume_from = os.path.join(output_dir, checkpoints[-1]) if checkpoints else None
+  process = f"{os.getpid()}-{time.time():.3f}"   # which process ran a step
+  if resume_from is not None:
+    print(f"the trl side: resuming from {resume_from}", flush=True)
   tokenizer = AutoTokenizer.from_pretrained(settings["model_dir"])
   t0 = time.perf_counter()
   trainer = GRPOTrainer(model=settings["model_dir"], reward_funcs=[math_reward],
-                        args=trl_args(settings, config, os.path.join(workdir, "trl")),
-                        train_dataset=dataset, processing_class=tokenizer, callbacks=[timer])
+                        args=trl_args(settings, config, output_dir),
+                        train_dataset=dataset, processing_class=tokenizer, callbacks=[StepRecorder()])
   setup_s = time.perf_counter() - t0
   # TRL reports no per-part times without wandb; time its generation call (private, one per step).
-  generate_s: list[float] = []
   if hasattr(trainer, "_generate"):
     inner = trainer._generate
 
@@ -314,14 +331,31 @@ def side_trl(settings: dict, workdir: str) -> dict:
       finally:
         generate_s.append(time.perf_counter() - t)
     trainer._generate = timed_generate
-  trainer.train()
+  stop_after = int(os.environ.get("DOCKYARD_PEER_TRL_STOP_AFTER", "0"))   # tests: a cut-off side
+  if stop_after:
+    class Stop(TrainerCallback):
+      def on_save(self, args, state, control, **k):
+        if state.global_step >= stop_after:
+          os._exit(3)   # as a kill would: after the step's checkpoint, nothing more written
+    trainer.add_callback(Stop())
+  trainer.train(resume_from_checkpoint=resume_from)
   wall = time.perf_counter() - t0
-  out = dict(wall_s=wall, setup_s=setup_s, steps=len(timer.marks) - 1,
-             step_s=[b - a for a, b in zip(timer.marks, timer.marks[1:])],
+  by_step = {}
+  with open(records_path) as f:
+    for line in f:
+      r = json.loads(line)
+      by_step[r["step"]] = r
+  steps = [by_step[k] for k in sorted(by_step)]
+  # The first step of every process that ran this side pays its warm-up: `steady` leaves each out.
+  out = dict(wall_s=wall, setup_s=setup_s, steps=len(steps),
+             step_s=[r["step_s"] for r in steps],
+             first_of_process=[i for i, r in enumerate(steps)
+                               if i == 0 or r["process"] != steps[i - 1]["process"]],
              reward=[h["reward"] for h in trainer.state.log_history if "reward" in h],
-             generate_s=generate_s,
-             prompts=seen, expected_prompts=[[t["instance_id"] for t in order[i:i + settings["prompts"]]]
-                                             for i in range(0, len(order), settings["prompts"])])
+             generate_s=[r["generate_s"] for r in steps],
+             prompts=[r["prompts"] for r in steps],
+             expected_prompts=[[t["instance_id"] for t in order[i:i + settings["prompts"]]]
+                               for i in range(0, len(order), settings["prompts"])])
   if settings["num_validation"] > 0:
     final = os.path.join(workdir, "trl_final")
     trainer.model.save_pretrained(final)
@@ -338,9 +372,9 @@ def run_child(side: str, spec_path: str, workdir: str, extra: list[str] = ()) ->
     print(f"the {side} side: reusing {out}", flush=True)
     with open(out) as f:
       return json.load(f)
-  partial = os.path.join(workdir, side)   # what a cut-off run of this side left; it starts over
-  if os.path.isdir(partial):
-    shutil.rmtree(partial)
+  partial = os.path.join(workdir, side)   # what a cut-off run of this side left
+  if side != "trl" and os.path.isdir(partial):
+    shutil.rmtree(partial)             # dockyard and eval start over; TRL resumes from its checkpoint
   env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
   cmd = [sys.executable, os.path.abspath(__file__), f"--_child={side}", f"--_spec={spec_path}",
          f"--_workdir={workdir}", f"--_out={out}.part", *extra]
@@ -392,9 +426,11 @@ def mean(xs):
   return sum(xs) / len(xs) if xs else float("nan")
 
 
-def steady(step_s: list[float]) -> list[float]:
-  """Step times without the first (compilation and warm-up), unless there is only one."""
-  return step_s[1:] if len(step_s) > 1 else step_s
+def steady(step_s: list, firsts=(0,)) -> list[float]:
+  """Step times without each process's first (compilation and warm-up; `firsts` are their
+  indices), unless nothing would be left; None entries (not measured) are dropped."""
+  kept = [x for i, x in enumerate(step_s) if i not in firsts and x is not None]
+  return kept or [x for x in step_s if x is not None]
 
 
 def ratio(a: float | None, b: float | None) -> float:
@@ -525,14 +561,15 @@ def main():
   for name, r in (("dockyard", dy), ("trl", tr)):
     if r["steps"] != settings["steps"]:
       sys.exit(f"the {name} side ran {r['steps']} steps, not {settings['steps']}")
-  dy_step, tr_step = mean(steady(dy["step_s"])), mean(steady(tr["step_s"]))
+  tr_firsts = tuple(tr.get("first_of_process", (0,)))
+  dy_step, tr_step = mean(steady(dy["step_s"])), mean(steady(tr["step_s"], tr_firsts))
   print(f"dockyard: {dy['steps']} steps, step times {fmt(dy['step_s'])} s, mean without the first "
         f"{dy_step:.2f} s (generate {mean(steady(dy['parts']['generate'])):.2f}, score "
         f"{mean(steady(dy['parts']['score'])):.3f}, train {mean(steady(dy['parts']['train'])):.2f}, "
         f"refit {mean(steady(dy['parts']['refit'])):.2f}); process {dy['process_s']:.0f} s, load "
         f"{dy['load'][0]} -> {dy['load'][1]}", flush=True)
   print(f"trl     : {tr['steps']} steps, step times {fmt(tr['step_s'])} s, mean without the first "
-        f"{tr_step:.2f} s (HF generate {mean(steady(tr['generate_s'])):.2f}, the rest scoring + train); "
+        f"{tr_step:.2f} s (HF generate {mean(steady(tr['generate_s'], tr_firsts)):.2f}, the rest scoring + train); "
         f"process {tr['process_s']:.0f} s, load {tr['load'][0]} -> {tr['load'][1]}", flush=True)
   print(f"shaped train reward per step: dockyard {[round(x, 3) for x in dy['reward']]}, "
         f"trl {[round(x, 3) for x in tr['reward']]}", flush=True)

@@ -4,6 +4,10 @@ Runs the bench as a user would (a fresh interpreter from the repo root, the sess
 without the 8 fake JAX devices tests/conftest.py sets) and reads its JSON report: both sides ran
 the requested steps, TRL trained on exactly dockyard's prompt order, both step times are real,
 and the last stdout line is the RESULT line. Never the value: under CI load it means nothing.
+The TRL side is cut off after its first step's checkpoint (DOCKYARD_PEER_TRL_STOP_AFTER=1, an
+exit right after the save, as a kill would leave it) and the rerun into the same --workdir reuses
+the dockyard side and resumes TRL from that checkpoint: the report must still show every step once,
+in dockyard's prompt order, with TRL's reward history carried across the cut.
 TRL is the `[bench]` extra, which scripts/ensure_venv.sh installs; the test skips only without it.
 """
 from __future__ import annotations
@@ -36,13 +40,21 @@ def test_peer_trl_smoke(tmp_path):
   except ImportError as e:
     pytest.fail(f"TRL is the [bench] extra (pip install -e '.[bench]'): {e}")
   report_path = tmp_path / "report.json"
-  cmd = [sys.executable, "bench/peer_trl.py", "--smoke", f"--report={report_path}"]
-  try:
-    proc = subprocess.run(cmd, cwd=ROOT, env=user_env(), capture_output=True, text=True, timeout=800)
-  except subprocess.TimeoutExpired as e:
-    pytest.fail(f"`{' '.join(cmd[1:])}` ran past {e.timeout} s")
-  tail = f"--- stdout (tail) ---\n{proc.stdout[-3000:]}\n--- stderr (tail) ---\n{proc.stderr[-3000:]}"
+  cmd = [sys.executable, "bench/peer_trl.py", "--smoke", f"--workdir={tmp_path / 'w'}", f"--report={report_path}"]
+
+  def run(env):
+    try:
+      proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=800)
+    except subprocess.TimeoutExpired as e:
+      pytest.fail(f"`{' '.join(cmd[1:])}` ran past {e.timeout} s")
+    return proc, f"--- stdout (tail) ---\n{proc.stdout[-3000:]}\n--- stderr (tail) ---\n{proc.stderr[-3000:]}"
+
+  proc, tail = run({**user_env(), "DOCKYARD_PEER_TRL_STOP_AFTER": "1"})
+  assert proc.returncode != 0 and "the trl side failed (exit 3)" in proc.stderr, tail
+  assert (tmp_path / "w" / "dockyard.json").exists() and not (tmp_path / "w" / "trl.json").exists()
+  proc, tail = run(user_env())
   assert proc.returncode == 0, f"bench/peer_trl.py --smoke exited {proc.returncode}\n{tail}"
+  assert "the dockyard side: reusing" in proc.stdout and "the trl side: resuming from" in proc.stdout, tail
   last = proc.stdout.strip().splitlines()[-1]
   assert RESULT.match(last), f"last line is not the RESULT line: {last!r}\n{tail}"
 
@@ -56,5 +68,7 @@ def test_peer_trl_smoke(tmp_path):
   assert all(len(p) == report["settings"]["prompts"] for p in trl["prompts"])
   for side in (dy, trl):
     assert len(side["step_s"]) == steps and all(t > 0 for t in side["step_s"])
+  assert trl["first_of_process"] == [0, 1]          # step 2 ran in the resumed process
+  assert len(trl["reward"]) == steps                # the log history came back with the checkpoint
   assert math.isfinite(report["speed_vs_trl"]) and report["speed_vs_trl"] > 0
   assert float(last.split()[2]) == pytest.approx(report["speed_vs_trl"], abs=1e-3)
