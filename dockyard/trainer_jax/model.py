@@ -101,14 +101,17 @@ class Attention(nnx.Module):
       self.q_norm = self.k_norm = None
     self.num_kv_heads, self.head_dim = c.num_kv_heads, c.head_dim
 
-  def __call__(self, x, cos, sin, lengths):
+  def __call__(self, x, cos, sin, lengths, mask=None):
     q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
     if self.q_norm is not None:  # Qwen3 normalizes per head before RoPE
       q, k = self.q_norm(q), self.k_norm(k)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    # Causal + per-row key lengths (right padding) instead of a materialised [B, T, T] mask:
-    # the form cuDNN's fused attention accepts on GPU; on CPU this is XLA's reference kernel.
-    out = jax.nn.dot_product_attention(q, k, v, is_causal=True, key_value_seq_lengths=lengths)
+    if mask is not None:  # packed rows: causal within a segment ([B, 1, T, T] same-segment mask)
+      out = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True)
+    else:
+      # Causal + per-row key lengths (right padding) instead of a materialised [B, T, T] mask:
+      # the form cuDNN's fused attention accepts on GPU; on CPU this is XLA's reference kernel.
+      out = jax.nn.dot_product_attention(q, k, v, is_causal=True, key_value_seq_lengths=lengths)
     return self.o_proj(out)
 
 
@@ -130,8 +133,8 @@ class DecoderLayer(nnx.Module):
     self.post_attn_norm = RMSNorm(c.hidden_size, c.rms_norm_eps, param_dtype=param_dtype, rngs=rngs)
     self.mlp = MLP(c, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
-  def __call__(self, x, cos, sin, lengths):
-    x = x + self.attn(self.input_norm(x), cos, sin, lengths)
+  def __call__(self, x, cos, sin, lengths, mask=None):
+    x = x + self.attn(self.input_norm(x), cos, sin, lengths, mask)
     return x + self.mlp(self.post_attn_norm(x))
 
 
@@ -139,6 +142,8 @@ class Decoder(nnx.Module):
   """Causal LM: token ids [B, T] -> fp32 logits [B, T, vocab].
 
   `attention_mask` must be right padding (ones, then zeros), as `dockyard.policy.TrainBatch` is.
+  Packed rows (`dockyard.packing`) pass `segment_ids` [B, T] (a token attends only to earlier
+  tokens of its own segment) and `positions` that restart at 0 in each segment instead.
   """
 
   def __init__(self, c: ModelConfig, *, dtype=jnp.float32, param_dtype=jnp.float32, remat: bool = False,
@@ -156,18 +161,24 @@ class Decoder(nnx.Module):
                           param_dtype=param_dtype, rngs=rngs))
     self.inv_freq = nnx.Variable(jnp.asarray(c.inv_freq()))  # a constant, not a Param: never trained
 
-  def __call__(self, input_ids, attention_mask=None, positions=None):
+  def __call__(self, input_ids, attention_mask=None, positions=None, segment_ids=None):
     b, t = input_ids.shape
     if positions is None:  # right padding: real tokens sit at 0..len-1
       positions = jnp.broadcast_to(jnp.arange(t)[None, :], (b, t))
-    if attention_mask is None:
-      attention_mask = jnp.ones((b, t), jnp.int32)
-    lengths = attention_mask.astype(jnp.int32).sum(axis=-1)
+    mask = lengths = None
+    if segment_ids is not None:
+      if attention_mask is not None:
+        raise ValueError("packed rows take segment_ids, not an attention_mask")
+      mask = (segment_ids[:, None, :, None] == segment_ids[:, None, None, :])
+    else:
+      if attention_mask is None:
+        attention_mask = jnp.ones((b, t), jnp.int32)
+      lengths = attention_mask.astype(jnp.int32).sum(axis=-1)
     cos, sin = rope_cos_sin(positions, self.inv_freq[...])
     x = self.embed(input_ids)
 
     def layer_fn(layer, x):
-      return layer(x, cos, sin, lengths)
+      return layer(x, cos, sin, lengths, mask)
     if self.remat:  # recompute each layer's activations in the backward pass to save memory
       layer_fn = nnx.remat(layer_fn)
     for layer in self.layers:

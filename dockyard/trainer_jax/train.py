@@ -109,11 +109,26 @@ def _tree_add(a, b):
   return jax.tree.map(jnp.add, a, b)
 
 
+# A packed micro-batch (dockyard.packing.PackedMicro): rows [R, L] and the gather back to [S, T].
+PACKED_KEYS = ("input_ids", "positions", "segment_ids", "gather", "valid")
+
+
+def packed_logprobs(model: Decoder, mb: Mapping[str, Any], temperature=1.0):
+  """Logprobs [S, T] of a packed micro-batch's sequences: the model runs on the packed rows
+  (segment-masked attention, per-segment positions); each sequence's entries are gathered from
+  its row by flat index, 0 where `valid` is 0 (entry 0 and padding)."""
+  logits = model(mb["input_ids"], positions=mb["positions"], segment_ids=mb["segment_ids"])
+  rows = token_logprobs(logits / temperature, mb["input_ids"])
+  return jnp.take(rows.reshape(-1), mb["gather"], axis=0) * mb["valid"]
+
+
 @functools.partial(nnx.jit, static_argnames=("loss_fn",), donate_argnums=(0, 1))
 def train_step(model: Decoder, optimizer: nnx.Optimizer, batch: Mapping[str, Any], loss_fn):
   """One optimizer step over stacked micro-batches; returns summed loss/metrics + grad_norm.
 
-  batch: input_ids / attention_mask / loss_mask [n, mb, T]; extras: name -> [n, mb, ...];
+  batch: input_ids / attention_mask / loss_mask [n, mb, T]; extras: name -> [n, mb, ...]; or,
+  packed, PACKED_KEYS (rows [n, R, L], gather / valid [n, S, T]) with loss_mask [n, S, T] and
+  extras [n, S, ...] laid out by sequence;
   totals: {'total_tokens', 'total_sequences'} scalars added to every micro-batch's extras;
   temperature (optional, default 1): a scalar array; the loss sees logprobs of logits / T;
   num_micro (optional, default n): an int32 scalar, how many of the n micro-batches are real (the
@@ -124,14 +139,18 @@ def train_step(model: Decoder, optimizer: nnx.Optimizer, batch: Mapping[str, Any
 
   def micro_loss(params, mb):
     m = nnx.merge(graphdef, params, rest)
-    logits = m(mb["input_ids"], mb["attention_mask"])
-    logprobs = token_logprobs(logits / temperature, mb["input_ids"])
+    if "segment_ids" in mb:   # packed rows: score them, then gather back to [S, T] (sequences)
+      logprobs = packed_logprobs(m, mb, temperature)
+    else:
+      logits = m(mb["input_ids"], mb["attention_mask"])
+      logprobs = token_logprobs(logits / temperature, mb["input_ids"])
     extras = {**mb["extras"], **batch["totals"]}
     loss, metrics = loss_fn(logprobs, mb["loss_mask"], extras)
     return loss, dict(metrics)
 
   grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
-  micro = {k: batch[k] for k in ("input_ids", "attention_mask", "loss_mask", "extras")}
+  keys = PACKED_KEYS if "segment_ids" in batch else ("input_ids", "attention_mask")
+  micro = {k: batch[k] for k in keys + ("loss_mask", "extras")}
   first = jax.tree.map(lambda x: x[0], micro)
   out_shape = jax.eval_shape(grad_fn, params, first)
   zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), out_shape)
@@ -151,3 +170,9 @@ def train_step(model: Decoder, optimizer: nnx.Optimizer, batch: Mapping[str, Any
 def logprob_step(model: Decoder, input_ids, attention_mask, temperature=1.0):
   """Per-token logprobs under softmax(logits / temperature) (a traced scalar: no recompile per T)."""
   return token_logprobs(model(input_ids, attention_mask) / temperature, input_ids)
+
+
+@nnx.jit
+def packed_logprob_step(model: Decoder, mb, temperature=1.0):
+  """`packed_logprobs` of one packed micro-batch (PACKED_KEYS), jitted."""
+  return packed_logprobs(model, mb, temperature)
