@@ -116,8 +116,10 @@ PACKED_KEYS = ("input_ids", "positions", "segment_ids", "gather", "valid")
 def packed_logprobs(model: Decoder, mb: Mapping[str, Any], temperature=1.0):
   """Logprobs [S, T] of a packed micro-batch's sequences: the model runs on the packed rows
   (segment-masked attention, per-segment positions); each sequence's entries are gathered from
-  its row by flat index, 0 where `valid` is 0 (entry 0 and padding)."""
-  logits = model(mb["input_ids"], positions=mb["positions"], segment_ids=mb["segment_ids"])
+  its row by flat index, 0 where `valid` is 0 (entry 0 and padding). No sequence is longer than
+  the gathered T, which bounds the attention band (`model.segment_attention`)."""
+  logits = model(mb["input_ids"], positions=mb["positions"], segment_ids=mb["segment_ids"],
+                 window=mb["gather"].shape[-1])
   rows = token_logprobs(logits / temperature, mb["input_ids"])
   return jnp.take(rows.reshape(-1), mb["gather"], axis=0) * mb["valid"]
 

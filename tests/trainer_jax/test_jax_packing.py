@@ -18,12 +18,13 @@ from dockyard.trainer_jax.policy import JaxPolicy
 PG = make_pg_loss(LossConfig(normalization="sequence", reference_policy_kl_penalty=0.1))
 
 
-def _policy(path, config, packing_row_tokens=0, micro_batch_size=8):
+def _policy(path, config, packing_row_tokens=0, micro_batch_size=8, seq_bucket=64):
   # lr 1, eps 1, no clipping or decay: Adam's first update is g / (|g| + 1), so the parameters
   # after one step compare the gradients themselves (not just their signs).
   config.optim.update(micro_batch_size=micro_batch_size, warmup_steps=0, lr=1.0, eps=1.0,
                       weight_decay=0.0, max_grad_norm=1e9)
   config.policy.packing_row_tokens = packing_row_tokens
+  config.policy.seq_bucket = seq_bucket
   mesh = shd.make_mesh((1, 1, 1), devices=jax.devices()[:1])
   return JaxPolicy.from_hf(path, config, mesh=mesh)
 
@@ -76,10 +77,12 @@ def test_ffd_packs_whole_sequences_within_the_budget():
 @pytest.mark.parametrize("loss", ["grpo", "nll"])
 def test_packed_equals_unpacked(tiny_models, config, loss):
   path = tiny_models["qwen2"]
-  plain = _policy(path, config.copy_and_resolve_references())
-  packed = _policy(path, config.copy_and_resolve_references(), packing_row_tokens=64, micro_batch_size=8)
-  batch = _batch(plain.model.config.vocab_size)
-  plan = packing.pack_micro_batches(batch, 64, 8)
+  # Rows of 256 with sequences <= 48 (the bucket): the banded attention path (two 128-blocks a window).
+  plain = _policy(path, config.copy_and_resolve_references(), seq_bucket=16)
+  packed = _policy(path, config.copy_and_resolve_references(), packing_row_tokens=256,
+                   micro_batch_size=2, seq_bucket=16)
+  batch = _batch(plain.model.config.vocab_size, b=12)
+  plan = packing.pack_micro_batches(batch, 256, 2)
   used = plan[0].segment_ids.max(axis=1)
   assert len(plan) == 1 and (used[used > 0] >= 2).all(), "every packed row holds 2+ sequences"
 
@@ -96,6 +99,31 @@ def test_packed_equals_unpacked(tiny_models, config, loss):
   _assert_same_step(a, b, _params(plain), _params(packed))
 
 
+def test_banded_segment_attention_equals_the_full_mask():
+  from dockyard.trainer_jax.model import segment_attention
+  rng = np.random.default_rng(0)
+  b, l, h, kh, d = 2, 512, 4, 2, 16
+  q, k, v = (jax.numpy.asarray(rng.standard_normal((b, l, n, d)), np.float32) for n in (h, kh, kh))
+  seg = np.zeros((b, l), np.int32)
+  for r in range(b):
+    col, s = 0, 1
+    while col < l - 40:
+      n = min(int(rng.integers(20, 160)), l - col)
+      seg[r, col:col + n], col, s = s, col + n, s + 1
+  seg = jax.numpy.asarray(seg)
+
+  def f(window, seg=seg):
+    return jax.jit(lambda q: segment_attention(q, k, v, seg, window))
+  full, banded = f(None), f(160)
+  np.testing.assert_allclose(banded(q), full(q), atol=1e-5, rtol=0)
+  grad = lambda fn: jax.grad(lambda q: (fn(q) * v.mean(axis=2, keepdims=True)).sum())(q)
+  np.testing.assert_allclose(grad(banded), grad(full), atol=1e-5, rtol=0)
+  # A segment longer than the window: the band leaves its early keys out and is no longer exact
+  # (so the comparison above can fail).
+  one = jax.numpy.ones((b, l), np.int32)
+  assert float(jax.numpy.abs(f(160, one)(q) - f(None, one)(q)).max()) > 1e-3
+
+
 def test_packed_micro_batches_sum_to_the_whole_batch_and_share_one_compile(tiny_models, config):
   """Dynamic batching: one packed row of 64 tokens a micro-batch (several micro-batches, each
   holding as many sequences as fit) gives the whole batch's step; batches of other sizes and
@@ -104,9 +132,11 @@ def test_packed_micro_batches_sum_to_the_whole_batch_and_share_one_compile(tiny_
   jax.monitoring.register_event_duration_secs_listener(
       lambda event, secs, **kw: compiles.append(event) if event == "/jax/core/compile/backend_compile_duration" else None)
   path = tiny_models["qwen2"]
-  plain = _policy(path, config.copy_and_resolve_references())
-  micro = _policy(path, config.copy_and_resolve_references(), packing_row_tokens=64, micro_batch_size=1)
-  batch = _batch(plain.model.config.vocab_size, seed=1)
+  # The plain policy's shapes are test_packed_equals_unpacked's: its compiled step is reused.
+  plain = _policy(path, config.copy_and_resolve_references(), seq_bucket=16)
+  micro = _policy(path, config.copy_and_resolve_references(), packing_row_tokens=64, micro_batch_size=1,
+                  seq_bucket=16)
+  batch = _batch(plain.model.config.vocab_size, b=12, seed=1)
   assert len(packing.pack_micro_batches(batch, 64, 1)) >= 3
   batch = _with_pg_extras(batch, plain.logprobs(batch), seed=1)
   a, b = plain.train_step(batch, PG), micro.train_step(batch, PG)
@@ -117,7 +147,7 @@ def test_packed_micro_batches_sum_to_the_whole_batch_and_share_one_compile(tiny_
     return (1 << (len(plan) - 1).bit_length(), 1 << (max(len(m.seqs) for m in plan) - 1).bit_length())
   key, ran = shape_key(batch), 0
   for seed in range(2, 40):
-    other = _batch(plain.model.config.vocab_size, b=6 + seed % 5, t=24 + seed % 17, seed=seed)
+    other = _batch(plain.model.config.vocab_size, b=8 + seed % 5, t=34 + seed % 7, seed=seed)
     if shape_key(other) != key:
       continue
     other = _with_pg_extras(other, micro.logprobs(other), seed=seed)
