@@ -140,9 +140,3 @@ def pack_micro_batches(batch: TrainBatch, row_tokens: int, rows_per_micro: int, 
     out.append(PackedMicro(p_ids, p_pos, p_seg, np.asarray(seqs, np.int64), gather, valid))
   return out
 
-
-def packing_stats(lengths: Sequence[int], padded_tokens: int) -> dict[str, float]:
-  """Real tokens / the tokens a layout computes on (1.0: no padding at all)."""
-  real = float(np.sum(lengths))
-  return {"real_tokens": real, "computed_tokens": float(padded_tokens),
-          "fill": real / max(float(padded_tokens), 1.0)}

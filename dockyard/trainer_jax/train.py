@@ -5,7 +5,8 @@ stacked as micro-batches [n_cap, micro_bs, T] (the policy does this on the host,
 batch keeps the batch sharding), a `lax.fori_loop` over the first `num_micro` of them (a traced
 count: a step that keeps fewer groups, e.g. under dynamic sampling, does not recompile and computes
 nothing for the padding micro-batches) sums loss, gradients and metrics per the LossFn contract in
-`dockyard/policy.py`, then one AdamW update applies. Model and optimizer are
+`dockyard/policy.py`, then one AdamW update applies. A packed batch (`dockyard.packing`) stacks
+packed rows instead and scores them with `packed_logprobs` before the same loss. Model and optimizer are
 donated: their old buffers are reused for the new state.
 """
 from __future__ import annotations
