@@ -2,6 +2,10 @@
 dynamic == fixed (logprobs, loss, metrics, gradients), fp32 to 1e-5, for the GRPO loss and the SFT
 NLL. Packed rows reach transformers as restarting `position_ids` with no attention mask (its
 block-causal mask for sdpa/eager); a cross-segment leak would show here as a logprob error."""
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -85,3 +89,30 @@ def test_packed_and_token_budget_equal_unpacked(build, loss):
 def test_both_budgets_set_is_refused(build):
   with pytest.raises(ValueError, match="packing_row_tokens.*micro_batch_tokens"):
     build(packing_row_tokens=64, micro_batch_tokens=64)
+
+
+def test_two_ranks_packed_match_one_process_unpacked(model_path, build_policy, tmp_path):
+  """torchrun, 2 ranks, packed rows of 28 tokens (5 a step), one row a micro-batch: the global plan's
+  micro-batches alternate over the ranks (an odd count gives one rank an empty dummy micro-batch);
+  4 steps equal the one-process unpacked trainer's (loss, grad norm, weights)."""
+  here = os.path.dirname(os.path.abspath(__file__))
+  root = os.path.dirname(os.path.dirname(here))
+  cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         os.path.join(here, "dist_worker.py"), model_path, str(tmp_path), "--micro_batch_size=1",
+         "--packing_row_tokens=28"]
+  proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": root},
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  plans = [len(packing.pack_micro_batches(torch_common.make_batch(seed=s), 28, 1)) for s in range(4)]
+  assert any(n % 2 for n in plans) and min(n for n in plans) >= 3, plans
+  data = np.load(os.path.join(str(tmp_path), "result.npz"))
+  policy = build_policy(micro_batch_size=2)
+  loss_fn = make_pg_loss(torch_common.loss_config(policy.config))
+  for step in range(4):
+    batch = torch_common.make_batch(seed=step)
+    batch = torch_common.with_prev(batch, policy.logprobs(batch), seed=100 + step)
+    m = policy.train_step(batch, loss_fn)
+    assert abs(m["loss"] - float(data["loss"][step])) <= 1e-5, (step, m["loss"], data["loss"][step])
+    assert abs(m["grad_norm"] - float(data["grad_norm"][step])) <= 1e-5 * max(1.0, m["grad_norm"])
+  for name, w in policy.named_weights():
+    np.testing.assert_allclose(data["w/" + name], w, rtol=0, atol=1e-5, err_msg=name)
