@@ -12,7 +12,8 @@ On a GPU cluster (Qwen2.5-7B-Instruct, 4 nodes x 8 GPUs, 3 trainer + 1 inference
 
 Variants (the `:arg` string): `tiny` (default) | `full`; `torch` selects the PyTorch trainer;
 `sync` turns async GRPO off in `full` (tiny runs sync; `--config.grpo.async_grpo.enabled=True`
-turns it on there). Combine with commas: `:full,torch`.
+turns it on there); `moe` makes the tiny model a Qwen3-MoE with router losses and an `expert` mesh
+axis (docs/moe.md). Combine with commas: `:full,torch`.
 Print the plan without starting anything: `--config.run.dry_run=True`.
 Sweep: `python -m launch.sweep --config=configs/swe.py:tiny --dry_run`.
 """
@@ -22,7 +23,8 @@ from dockyard import config_lib
 
 
 def get_config(arg=None):
-  arg = config_lib.parse_arg(arg, tiny=False, full=False, torch=False, sync=False, runlocal=False)
+  arg = config_lib.parse_arg(arg, tiny=False, full=False, torch=False, sync=False, runlocal=False,
+                             moe=False)
   full = arg.full and not (arg.tiny or arg.runlocal)
   config = ml_collections.ConfigDict()
 
@@ -260,6 +262,30 @@ def get_config(arg=None):
       tensorboard=True,
       png_curve=True,
   )
+
+  # moe: a Mixture-of-Experts policy (jax backend): the tiny model's experts, the router losses
+  # and aux-loss-free balancing (dockyard/trainer_jax/moe.py), and an `expert` mesh axis that
+  # splits the experts (tokens split over it too, as a data axis).
+  if arg.moe:
+    config.policy.tiny.update(family="qwen3_moe", num_experts=8, num_experts_per_tok=2,
+                              moe_intermediate_size=64, norm_topk_prob=True)
+    config.policy.moe = dict(
+        aux_loss_coef=1e-3,      # Qwen3-MoE's router_aux_loss_coef
+        z_loss_coef=0.0,         # ST-MoE's router z-loss weight
+        bias_update_rate=0.0,    # DeepSeek-V3 bias step per optimizer step; 0 = off
+    )
+    config.mesh = dict(
+        shape=(1, -1, 1, 1),
+        axes=("data", "fsdp", "expert", "tensor"),
+        rules=(
+            ("batch", ("data", "fsdp", "expert")),
+            ("embed", "fsdp"),
+            ("mlp", "tensor"),
+            ("heads", "tensor"),
+            ("vocab", "tensor"),
+            ("expert", "expert"),
+        ),
+    )
   return config
 
 

@@ -276,6 +276,63 @@ def _validate_mesh(config) -> None:
     raise ConfigError("mesh.shape", f"{tuple(config.mesh.shape)} has {len(config.mesh.shape)} entries "
                       f"but mesh.axes has {len(config.mesh.axes)}")
   resolve_mesh_shape(config.mesh.shape, _mesh_devices(config))
+  _validate_family(config)
+
+
+def _model_family(config) -> tuple[str, int] | None:
+  """(model_type, num_experts) of the policy model, from `policy.tiny` or a local config.json;
+  None when the model is not on this machine yet (a hub name, a package)."""
+  path = str(config.policy.model_name_or_path)
+  if not path:
+    from dockyard.models import tiny   # stdlib at import: transformers loads only to build a model
+    family = config.policy.tiny.family
+    if family not in tiny.FAMILIES:
+      raise ConfigError("policy.tiny.family", f"unknown family {family!r}; known: {sorted(tiny.FAMILIES)}")
+    return family, int(config.policy.tiny.get("num_experts", tiny.MOE_DEFAULTS["num_experts"])) \
+        if family == "qwen3_moe" else 0
+  if not os.path.isfile(os.path.join(path, "config.json")):
+    return None
+  from dockyard.models.model_config import ModelConfig   # NumPy + json: no framework loads
+  try:
+    c = ModelConfig.from_pretrained(path)
+  except (ValueError, KeyError) as e:
+    raise ConfigError("policy.model_name_or_path", f"{path}: {e}") from None
+  return c.family, c.num_experts
+
+
+def _validate_family(config) -> None:
+  """What a model family can use: an expert mesh axis and router options need experts (and must
+  split them evenly); the torch trainer does not train MoE models yet."""
+  found = _model_family(config)
+  shape = resolve_mesh_shape(config.mesh.shape, _mesh_devices(config))
+  expert_axis = dict(zip(config.mesh.axes, shape)).get("expert", 1)
+  moe = config.policy.get("moe") or {}
+  for key in ("aux_loss_coef", "z_loss_coef", "bias_update_rate"):
+    if float(moe.get(key, 0.0)) < 0:
+      raise ConfigError(f"policy.moe.{key}", f"must be >= 0, got {moe[key]}")
+  if found is None:
+    return
+  family, experts = found
+  if not experts:
+    if expert_axis > 1:
+      raise ConfigError("mesh.shape", f"an 'expert' mesh axis of size {expert_axis}, but {family!r} is a "
+                        f"dense model (no experts to split): set that axis to 1")
+    for key in ("aux_loss_coef", "z_loss_coef", "bias_update_rate"):
+      if float(moe.get(key, 0.0)):
+        raise ConfigError(f"policy.moe.{key}", f"{moe[key]} on {family!r}, a dense model (no router)")
+    return
+  if config.policy.backend != "jax":
+    raise ConfigError("policy.backend", f"{family!r} (Mixture-of-Experts) trains on the jax backend only: "
+                      f"the torch trainer has no MoE support (router losses, expert names) yet")
+  if expert_axis > 1:
+    if experts % expert_axis:
+      raise ConfigError("mesh.shape", f"an 'expert' mesh axis of size {expert_axis} does not divide the "
+                        f"model's {experts} experts")
+    target = dict((name, t) for name, t in config.mesh.rules).get("expert")
+    if not (target == "expert" or (isinstance(target, (tuple, list)) and "expert" in target)):
+      raise ConfigError("mesh.rules", f"the logical axis 'expert' (the expert kernels' first dimension) "
+                        f"maps to {target!r}, not to the 'expert' mesh axis, so the experts would not be "
+                        f"split: add ('expert', 'expert')")
 
 
 def _validate_preference(config) -> None:

@@ -1,4 +1,5 @@
-"""The decoder's architecture as a dataclass, read from an HF `config.json` (Qwen2 / Qwen3 / Llama).
+"""The decoder's architecture as a dataclass, read from an HF `config.json` (Qwen2 / Qwen3 / Llama /
+Qwen3-MoE).
 
 Pure Python (no JAX import): both trainers and the name-map (`name_map.py`) use it. Every
 knob the decoder and the name-map need lives here; anything in config.json that would change the
@@ -16,7 +17,8 @@ from typing import Any, Mapping
 import numpy as np
 
 # model_type -> family. The families differ only in which optional pieces they use.
-FAMILIES = {"qwen2": "qwen2", "qwen3": "qwen3", "llama": "llama"}
+FAMILIES = {"qwen2": "qwen2", "qwen3": "qwen3", "llama": "llama", "qwen3_moe": "qwen3_moe"}
+MOE_FAMILIES = ("qwen3_moe",)
 ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -43,6 +45,16 @@ class ModelConfig:
   mlp_bias: bool = False       # Llama when mlp_bias
   qk_norm: bool = False        # Qwen3
   max_position_embeddings: int = 4096
+  # Mixture of experts (Qwen3-MoE); num_experts == 0 is a dense model.
+  num_experts: int = 0
+  num_experts_per_tok: int = 0
+  moe_intermediate_size: int = 0
+  norm_topk_prob: bool = False    # renormalise the top-k routing weights to sum to 1
+  moe_layers: tuple = ()          # indices of the sparse (MoE) layers; the others are dense MLPs
+
+  @property
+  def is_moe(self) -> bool:
+    return self.num_experts > 0
 
   @classmethod
   def from_hf_config(cls, hf: Mapping[str, Any]) -> "ModelConfig":
@@ -68,6 +80,7 @@ class ModelConfig:
     if float(rope.get("partial_rotary_factor", 1.0)) != 1.0:
       raise ValueError("config.json partial_rotary_factor != 1 is not implemented")
     attention_bias = bool(hf.get("attention_bias", False))
+    moe = _moe_fields(hf, int(hf["num_hidden_layers"])) if family in MOE_FAMILIES else {}
     return cls(
         family=family,
         vocab_size=int(hf["vocab_size"]),
@@ -88,8 +101,9 @@ class ModelConfig:
         qkv_bias=True if family == "qwen2" else attention_bias,
         o_bias=False if family == "qwen2" else attention_bias,
         mlp_bias=bool(hf.get("mlp_bias", False)) if family == "llama" else False,
-        qk_norm=family == "qwen3",
+        qk_norm=family in ("qwen3", "qwen3_moe"),
         max_position_embeddings=int(hf.get("max_position_embeddings", 4096)),
+        **moe,
     )
 
   @classmethod
@@ -118,8 +132,32 @@ class ModelConfig:
       inv = np.where(medium, smoothed, scaled)
     return inv.astype(np.float32)
 
-  def num_params(self) -> int:
+  def num_params(self, active: bool = False) -> int:
+    """Parameter count (biases aside); `active`: counting only the top-k experts a token uses."""
     e, f, v = self.hidden_size, self.intermediate_size, self.vocab_size
     q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-    layer = e * (q + 2 * kv) + q * e + 3 * e * f + 2 * e
-    return v * e * (1 if self.tie_word_embeddings else 2) + self.num_layers * layer + e
+    attn = e * (q + 2 * kv) + q * e + 2 * e
+    experts = self.num_experts_per_tok if active else self.num_experts
+    sparse = e * self.num_experts + 3 * e * self.moe_intermediate_size * experts
+    layers = sum(attn + (sparse if i in self.moe_layers else 3 * e * f) for i in range(self.num_layers))
+    return v * e * (1 if self.tie_word_embeddings else 2) + layers + e
+
+
+def _moe_fields(hf: Mapping[str, Any], num_layers: int) -> dict:
+  """Qwen3-MoE's expert knobs; a layer is sparse unless in `mlp_only_layers`, every
+  `decoder_sparse_step`-th one (as transformers' Qwen3MoeDecoderLayer decides)."""
+  experts = int(hf.get("num_experts") or hf.get("num_local_experts") or 0)
+  if experts < 1:
+    raise ValueError("config.json num_experts (or num_local_experts) must be >= 1 for qwen3_moe")
+  top_k = int(hf.get("num_experts_per_tok", 0))
+  if not 1 <= top_k <= experts:
+    raise ValueError(f"config.json num_experts_per_tok={top_k} must be in [1, num_experts={experts}]")
+  step = int(hf.get("decoder_sparse_step", 1))
+  if step < 1:
+    raise ValueError(f"config.json decoder_sparse_step={step} must be >= 1")
+  dense = set(int(i) for i in (hf.get("mlp_only_layers") or ()))
+  return dict(
+      num_experts=experts, num_experts_per_tok=top_k,
+      moe_intermediate_size=int(hf["moe_intermediate_size"]),
+      norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
+      moe_layers=tuple(i for i in range(num_layers) if i not in dense and (i + 1) % step == 0))

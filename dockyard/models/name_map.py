@@ -1,14 +1,19 @@
 """The one place that knows HF parameter names: NNX parameter path <-> HF name + layout transform.
 
-One table per family (Qwen2 / Qwen3 / Llama share the decoder layout and differ in optional
-pieces: q/k/v bias, o bias, MLP bias, q/k norm, tied embeddings). Each `Entry` says how an HF
-tensor becomes the NNX array and back:
+One table per family (Qwen2 / Qwen3 / Llama / Qwen3-MoE share the decoder layout and differ in
+optional pieces: q/k/v bias, o bias, MLP bias, q/k norm, tied embeddings, sparse layers). Each
+`Entry` says how an HF tensor becomes the NNX array and back:
 
   identity     same layout (embeddings, norms, o/mlp biases)
   transpose    HF Linear [out, in]  <-> NNX kernel [in, out]           (MLP, lm_head)
   heads_in     HF [heads*head_dim, embed] <-> NNX [embed, heads, head_dim]  (q/k/v proj)
   heads_out    HF [embed, heads*head_dim] <-> NNX [heads, head_dim, embed]  (o proj)
   heads_bias   HF [heads*head_dim] <-> NNX [heads, head_dim]          (q/k/v bias)
+
+An entry with `expert >= 0` is one slice of a stacked NNX expert kernel [experts, in, out]: HF
+checkpoints (and vLLM) name each expert's Linear apart (`mlp.experts.{j}.gate_proj.weight`, the
+layout transformers 5 also writes with `save_pretrained`), so expert j's HF tensor is the
+`transpose` of NNX slice [j]; `from_hf` stacks the slices back.
 
 `to_hf(named_nnx_arrays, config)` streams `(hf_name, np.ndarray)` in exactly the layout vLLM and
 transformers load (the rollout side feeds it to vLLM's `reload_weights`); `from_hf` is the
@@ -32,6 +37,7 @@ class Entry:
   hf: str           # HF name, e.g. 'model.layers.0.self_attn.q_proj.weight'
   transform: str    # one of TRANSFORMS
   heads: int = 0    # for the heads_* transforms
+  expert: int = -1  # >= 0: this HF tensor is slice [expert] of the NNX array
 
 
 def _layer_entries(i: int, c: ModelConfig) -> list[Entry]:
@@ -43,10 +49,14 @@ def _layer_entries(i: int, c: ModelConfig) -> list[Entry]:
       Entry(f"{n}.attn.k_proj.kernel", f"{h}.self_attn.k_proj.weight", "heads_in", c.num_kv_heads),
       Entry(f"{n}.attn.v_proj.kernel", f"{h}.self_attn.v_proj.weight", "heads_in", c.num_kv_heads),
       Entry(f"{n}.attn.o_proj.kernel", f"{h}.self_attn.o_proj.weight", "heads_out", c.num_heads),
-      Entry(f"{n}.mlp.gate_proj.kernel", f"{h}.mlp.gate_proj.weight", "transpose"),
-      Entry(f"{n}.mlp.up_proj.kernel", f"{h}.mlp.up_proj.weight", "transpose"),
-      Entry(f"{n}.mlp.down_proj.kernel", f"{h}.mlp.down_proj.weight", "transpose"),
   ]
+  if i in c.moe_layers:
+    out.append(Entry(f"{n}.mlp.router.kernel", f"{h}.mlp.gate.weight", "transpose"))
+    out += [Entry(f"{n}.mlp.{p}", f"{h}.mlp.experts.{j}.{p}.weight", "transpose", expert=j)
+            for j in range(c.num_experts) for p in ("gate_proj", "up_proj", "down_proj")]
+  else:
+    out += [Entry(f"{n}.mlp.{p}.kernel", f"{h}.mlp.{p}.weight", "transpose")
+            for p in ("gate_proj", "up_proj", "down_proj")]
   if c.qkv_bias:
     out += [
         Entry(f"{n}.attn.q_proj.bias", f"{h}.self_attn.q_proj.bias", "heads_bias", c.num_heads),
@@ -68,7 +78,7 @@ def _layer_entries(i: int, c: ModelConfig) -> list[Entry]:
 
 def table(config: ModelConfig) -> list[Entry]:
   """The full name table of one model, in HF's parameter order (embeddings, layers, norm, head)."""
-  if config.family not in ("qwen2", "qwen3", "llama"):
+  if config.family not in ("qwen2", "qwen3", "llama", "qwen3_moe"):
     raise ValueError(f"no name-map table for family {config.family!r}")
   entries = [Entry("embed.embedding", "model.embed_tokens.weight", "identity")]
   for i in range(config.num_layers):
@@ -127,7 +137,9 @@ def to_hf(named: Mapping[str, np.ndarray] | Iterable[tuple[str, np.ndarray]],
   for e in entries:
     if e.nnx not in named:
       raise KeyError(f"NNX parameter {e.nnx!r} (HF {e.hf!r}) is missing")
-    yield e.hf, nnx_to_hf_array(e, np.asarray(named[e.nnx]))
+    x = named[e.nnx]
+    # An expert slice is taken before the host copy: one expert's tensor crosses at a time.
+    yield e.hf, nnx_to_hf_array(e, np.asarray(x[e.expert] if e.expert >= 0 else x))
 
 
 def from_hf(hf_tensors: Mapping[str, np.ndarray], config: ModelConfig) -> dict[str, np.ndarray]:
@@ -145,6 +157,13 @@ def from_hf(hf_tensors: Mapping[str, np.ndarray], config: ModelConfig) -> dict[s
   extra = sorted(n for n in hf_tensors if n not in known and "rotary_emb" not in n)
   if extra:
     raise KeyError(f"checkpoint has tensors the {config.family} model does not use: {extra[:5]}")
+  slices: dict[str, dict[int, np.ndarray]] = {}
   for e in entries:
-    out[e.nnx] = hf_to_nnx_array(e, np.asarray(hf_tensors[e.hf]))
+    x = hf_to_nnx_array(e, np.asarray(hf_tensors[e.hf]))
+    if e.expert >= 0:
+      slices.setdefault(e.nnx, {})[e.expert] = x
+    else:
+      out[e.nnx] = x
+  for path, by_expert in slices.items():
+    out[path] = np.stack([by_expert[j] for j in range(len(by_expert))])
   return out

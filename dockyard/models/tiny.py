@@ -26,7 +26,11 @@ FAMILIES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "llama": "LlamaForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
 }
+# Qwen3-MoE's extra knobs and their tiny defaults (a spec may override them; other families
+# ignore them): 8 experts of width 64, 2 per token.
+MOE_DEFAULTS = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True)
 
 DEFAULT_SPEC = dict(
     family="qwen2", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
@@ -87,6 +91,13 @@ def make_hf_config(spec: Mapping):
   if family == "qwen3":
     return transformers.Qwen3Config(rope_theta=1000000.0,
                                     head_dim=spec["hidden_size"] // spec["num_attention_heads"], **common)
+  if family == "qwen3_moe":
+    moe = {**MOE_DEFAULTS, **spec}
+    return transformers.Qwen3MoeConfig(
+        rope_theta=1000000.0, decoder_sparse_step=1, mlp_only_layers=[],
+        head_dim=spec["hidden_size"] // spec["num_attention_heads"], num_experts=moe["num_experts"],
+        num_experts_per_tok=moe["num_experts_per_tok"], moe_intermediate_size=moe["moe_intermediate_size"],
+        norm_topk_prob=moe["norm_topk_prob"], **common)
   return transformers.LlamaConfig(rope_theta=500000.0, attention_bias=False, mlp_bias=False, **common)
 
 
@@ -96,6 +107,8 @@ def make_tiny_model(spec: Mapping | None = None, out_dir: str | None = None, see
   import transformers
 
   spec = {**DEFAULT_SPEC, **dict(spec or {})}
+  if spec["family"] == "qwen3_moe":   # the expert knobs are part of what the cache key names
+    spec = {**MOE_DEFAULTS, **spec}
   key = hashlib.sha256(json.dumps({**spec, "seed": seed, "v": 1}, sort_keys=True).encode()).hexdigest()[:12]
   out_dir = out_dir or os.path.join(cache_root(), "models", f"tiny-{spec['family']}-{key}")
   if os.path.exists(os.path.join(out_dir, "model.safetensors")) and os.path.exists(

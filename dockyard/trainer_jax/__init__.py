@@ -1,7 +1,9 @@
 """dockyard.trainer_jax: the main trainer (Flax NNX decoder on a device mesh, optax, orbax, grain).
 
-  model.py         the Qwen2 / Qwen3 / Llama decoder with logical axis names (its ModelConfig and
-                   the HF name map are dockyard.models', shared with the torch trainer)
+  model.py         the Qwen2 / Qwen3 / Llama / Qwen3-MoE decoder with logical axis names (its
+                   ModelConfig and the HF name map are dockyard.models', shared with the torch trainer)
+  moe.py           Mixture-of-Experts training: router aux / z losses, load metrics, the
+                   aux-loss-free balancing bias
   sharding.py      mesh + logical rules -> NamedShardings
   hf_io.py         HF safetensors <-> NNX through dockyard.models.name_map
   train.py         AdamW schedule, jitted train_step (micro-batch accumulation) and logprob_step

@@ -20,7 +20,7 @@ from safetensors.numpy import save_file
 
 from dockyard.models import name_map
 from dockyard.trainer_jax import sharding as shd
-from dockyard.trainer_jax.model import Decoder
+from dockyard.trainer_jax.model import Decoder, ExpertBias, RouterStats
 from dockyard.models.model_config import ModelConfig
 
 INDEX = "model.safetensors.index.json"
@@ -73,6 +73,8 @@ def from_hf(path: str, mesh=None, rules=(), *, dtype=jnp.float32, param_dtype=jn
     dotted = ".".join(str(k) for k in key)
     if dotted == "inv_freq":
       value = c.inv_freq()
+    elif isinstance(var, (RouterStats, ExpertBias)):  # trainer state an HF checkpoint has no part of
+      value = np.zeros(var.shape, np.float32)
     elif dotted in arrays:
       value = arrays.pop(dotted)
     else:

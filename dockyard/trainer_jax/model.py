@@ -1,8 +1,9 @@
-"""The Flax NNX decoder for the Qwen2 / Qwen3 / Llama family.
+"""The Flax NNX decoder for the Qwen2 / Qwen3 / Llama / Qwen3-MoE family.
 
 RMSNorm, RoPE (default / linear / llama3 scaling), grouped-query attention, SwiGLU, Qwen2's q/k/v
-bias, Qwen3's q/k norm, tied or untied embeddings; all chosen by `ModelConfig`. Parameters carry
-logical axis names only ('vocab', 'embed', 'mlp', 'heads'); the mesh and the rules that map them
+bias, Qwen3's q/k norm, tied or untied embeddings, Qwen3-MoE's sparse layers (`MoE`: top-k
+routing, experts as a grouped GEMM); all chosen by `ModelConfig`. Parameters carry logical axis
+names only ('vocab', 'embed', 'mlp', 'heads', 'expert'); the mesh and the rules that map them
 to devices are applied at the edge (`dockyard.trainer_jax.sharding`). The parameter paths here
 are the left column of `dockyard.models.name_map`.
 """
@@ -160,16 +161,91 @@ class MLP(nnx.Module):
     return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-class DecoderLayer(nnx.Module):
+class RouterStats(nnx.Variable):
+  """What a sparse layer's router did in its last forward pass (sums over the real tokens):
+  read by `dockyard.trainer_jax.moe` for the aux losses and load metrics; never trained or exported."""
+
+
+class ExpertBias(nnx.Variable):
+  """Aux-loss-free balancing (DeepSeek-V3): a per-expert bias added to the routing scores for the
+  top-k choice only (the mixing weights stay unbiased). Updated from the load after each step by
+  `dockyard.trainer_jax.moe.update_expert_bias`, not by the optimizer; checkpointed, not exported."""
+
+
+class MoE(nnx.Module):
+  """Qwen3-MoE's sparse block: softmax router -> top-k experts (SwiGLU each), mixed by the
+  (optionally renormalised) router probabilities. Dropless: every token reaches its k experts.
+
+  The experts run as a grouped GEMM: the token-expert pairs are sorted by expert and each of the
+  three projections is one `jax.lax.ragged_dot` over the contiguous groups. Expert kernels are
+  [experts, in, out] with the logical axis 'expert' first, so an expert mesh axis splits them
+  (XLA partitions `ragged_dot` along its group dimension: each device runs its own experts).
+  """
+
   def __init__(self, c: ModelConfig, *, dtype, param_dtype, rngs):
+    e, d, f = c.num_experts, c.hidden_size, c.moe_intermediate_size
+    self.router = Dense(d, e, ("embed", None), False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    self.gate_proj = _param(rngs, (e, d, f), ("expert", "embed", "mlp"), param_dtype)
+    self.up_proj = _param(rngs, (e, d, f), ("expert", "embed", "mlp"), param_dtype)
+    self.down_proj = _param(rngs, (e, f, d), ("expert", "mlp", "embed"), param_dtype)
+    self.expert_bias = ExpertBias(jnp.zeros((e,), jnp.float32))
+    # Statistics of the last call (fixed shapes: overwriting them never changes the graph).
+    self.load = RouterStats(jnp.zeros((e,), jnp.float32))       # token-expert assignments
+    self.prob_sum = RouterStats(jnp.zeros((e,), jnp.float32))   # router probabilities summed
+    self.z_sum = RouterStats(jnp.zeros((), jnp.float32))        # logsumexp(router logits)^2 summed
+    self.tokens = RouterStats(jnp.zeros((), jnp.float32))       # real tokens routed
+    self.top_k, self.norm_topk_prob, self.num_experts = c.num_experts_per_tok, c.norm_topk_prob, e
+    self.dtype = dtype
+
+  def __call__(self, x, token_mask):
+    """x [B, T, embed]; token_mask [B, T] (1 = a real token: only those count in the statistics)."""
+    b, t, d = x.shape
+    xf = x.reshape(b * t, d)
+    logits = self.router(xf).astype(jnp.float32)
+    probs = jax.nn.softmax(logits, axis=-1)
+    # The bias steers which experts are chosen, never how much they weigh (and takes no gradient).
+    scores = probs + jax.lax.stop_gradient(self.expert_bias[...])[None, :]
+    _, idx = jax.lax.top_k(scores, self.top_k)                        # [N, k]
+    weights = jnp.take_along_axis(probs, idx, axis=-1)
+    if self.norm_topk_prob:
+      weights = weights / weights.sum(axis=-1, keepdims=True)
+
+    flat = idx.reshape(-1)                                            # [N*k] expert of each pair
+    order = jnp.argsort(flat, stable=True)
+    token = order // self.top_k
+    sizes = jnp.bincount(flat, length=self.num_experts).astype(jnp.int32)
+    xs = xf[token]
+    gate = jax.lax.ragged_dot(xs, self.gate_proj[...].astype(self.dtype), sizes)
+    up = jax.lax.ragged_dot(xs, self.up_proj[...].astype(self.dtype), sizes)
+    ys = jax.lax.ragged_dot(jax.nn.silu(gate) * up, self.down_proj[...].astype(self.dtype), sizes)
+    ys = ys * weights.reshape(-1)[order][:, None].astype(ys.dtype)
+    out = jnp.zeros_like(xf).at[token].add(ys)
+
+    valid = token_mask.reshape(-1).astype(jnp.float32)
+    self.load[...] = jnp.zeros((self.num_experts,), jnp.float32).at[idx].add(
+        jnp.broadcast_to(valid[:, None], idx.shape))
+    self.prob_sum[...] = (probs * valid[:, None]).sum(axis=0)
+    self.z_sum[...] = (jax.nn.logsumexp(logits, axis=-1) ** 2 * valid).sum()
+    self.tokens[...] = valid.sum()
+    return out.reshape(b, t, d)
+
+
+class DecoderLayer(nnx.Module):
+  def __init__(self, c: ModelConfig, *, dtype, param_dtype, rngs, index: int = 0):
     self.input_norm = RMSNorm(c.hidden_size, c.rms_norm_eps, param_dtype=param_dtype, rngs=rngs)
     self.attn = Attention(c, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
     self.post_attn_norm = RMSNorm(c.hidden_size, c.rms_norm_eps, param_dtype=param_dtype, rngs=rngs)
-    self.mlp = MLP(c, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    sparse = index in c.moe_layers
+    self.mlp = (MoE if sparse else MLP)(c, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
   def __call__(self, x, cos, sin, lengths, segments=None):
     x = x + self.attn(self.input_norm(x), cos, sin, lengths, segments)
-    return x + self.mlp(self.post_attn_norm(x))
+    h = self.post_attn_norm(x)
+    if isinstance(self.mlp, MoE):  # the router's statistics count real tokens only
+      real = (segments[0] > 0 if segments is not None      # packed rows: segment 0 is padding
+              else jnp.arange(x.shape[1])[None, :] < lengths[:, None])
+      return x + self.mlp(h, real)
+    return x + self.mlp(h)
 
 
 class Decoder(nnx.Module):
@@ -188,8 +264,8 @@ class Decoder(nnx.Module):
     self.remat = remat
     self.embed = nnx.Embed(c.vocab_size, c.hidden_size, dtype=dtype, param_dtype=param_dtype,
                            embedding_init=nnx.with_partitioning(_INIT, ("vocab", "embed")), rngs=rngs)
-    self.layers = nnx.List([DecoderLayer(c, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-                            for _ in range(c.num_layers)])
+    self.layers = nnx.List([DecoderLayer(c, dtype=dtype, param_dtype=param_dtype, rngs=rngs, index=i)
+                            for i in range(c.num_layers)])
     self.final_norm = RMSNorm(c.hidden_size, c.rms_norm_eps, param_dtype=param_dtype, rngs=rngs)
     self.lm_head = (None if c.tie_word_embeddings else
                     Dense(c.hidden_size, c.vocab_size, ("embed", "vocab"), False, dtype=dtype,

@@ -28,6 +28,7 @@ from dockyard import config_lib, packing
 from dockyard.policy import LossFn, Policy, TrainBatch, check_layout
 from dockyard.models import name_map
 from dockyard.trainer_jax import hf_io, train
+from dockyard.trainer_jax import moe as moe_lib
 from dockyard.trainer_jax import sharding as shd
 from dockyard.trainer_jax.checkpoint import Checkpointer
 
@@ -52,10 +53,11 @@ def _get(config, path: str, default):
 class JaxPolicy(Policy):
   def __init__(self, model, optimizer, mesh, rules, optim: Mapping[str, Any], total_steps: int,
                *, micro_batch_size: int, bucket: int = 64, source_dir: str | None = None,
-               packing_row_tokens: int = 0):
+               packing_row_tokens: int = 0, moe: moe_lib.MoEOptions = moe_lib.MoEOptions()):
     self.model, self.optimizer, self.mesh, self.rules = model, optimizer, mesh, tuple(rules)
     self.optim, self.total_steps = dict(optim), int(total_steps)
     self.micro_batch_size, self.bucket, self.source_dir = int(micro_batch_size), int(bucket), source_dir
+    self.moe = moe
     self.packing_row_tokens = int(packing_row_tokens)
     if int(self.optim.get("micro_batch_tokens", 0)):
       raise ValueError("config.optim.micro_batch_tokens: the JAX trainer's micro-batches share one "
@@ -89,7 +91,8 @@ class JaxPolicy(Policy):
     return cls(model, optimizer, mesh, rules, config.optim, total,
                micro_batch_size=int(config.optim.micro_batch_size),
                bucket=int(config.policy.seq_bucket), source_dir=path,
-               packing_row_tokens=int(_get(config, "policy.packing_row_tokens", 0)))
+               packing_row_tokens=int(_get(config, "policy.packing_row_tokens", 0)),
+               moe=moe_lib.MoEOptions.from_config(_get(config, "policy.moe", None)))
 
   # --- batches -------------------------------------------------------------------------------
 
@@ -210,7 +213,7 @@ class JaxPolicy(Policy):
         total_tokens=np.float32(loss_mask.sum()),
         total_sequences=np.float32((loss_mask.sum(axis=1) > 0).sum())), replicated)
     lr = train.current_lr(self.optimizer, self.optim, self.total_steps)
-    metrics = train.train_step(self.model, self.optimizer, stacked, loss_fn)
+    metrics = train.train_step(self.model, self.optimizer, stacked, loss_fn, self.moe)
     out = {k: float(v) for k, v in jax.device_get(metrics).items()}
     out["lr"] = lr
     return out

@@ -21,6 +21,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from dockyard.trainer_jax import moe as moe_lib
 from dockyard.trainer_jax.model import Decoder, token_logprobs
 
 
@@ -125,8 +126,9 @@ def packed_logprobs(model: Decoder, mb: Mapping[str, Any], temperature=1.0):
   return jnp.take(rows.reshape(-1), mb["gather"], axis=0) * mb["valid"]
 
 
-@functools.partial(nnx.jit, static_argnames=("loss_fn",), donate_argnums=(0, 1))
-def train_step(model: Decoder, optimizer: nnx.Optimizer, batch: Mapping[str, Any], loss_fn):
+@functools.partial(nnx.jit, static_argnames=("loss_fn", "moe"), donate_argnums=(0, 1))
+def train_step(model: Decoder, optimizer: nnx.Optimizer, batch: Mapping[str, Any], loss_fn,
+               moe: moe_lib.MoEOptions = moe_lib.MoEOptions()):
   """One optimizer step over stacked micro-batches; returns summed loss/metrics + grad_norm.
 
   batch: input_ids / attention_mask / loss_mask [n, mb, T]; extras: name -> [n, mb, ...]; or,
@@ -136,12 +138,18 @@ def train_step(model: Decoder, optimizer: nnx.Optimizer, batch: Mapping[str, Any
   temperature (optional, default 1): a scalar array; the loss sees logprobs of logits / T;
   num_micro (optional, default n): an int32 scalar, how many of the n micro-batches are real (the
   rest are padding that is never computed).
+  A Mixture-of-Experts model adds its router losses (weighted by `moe`, averaged over the
+  micro-batches) to the loss, reports them and its expert load, and updates its balancing bias
+  (`dockyard.trainer_jax.moe`).
   """
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   temperature = batch.get("temperature", 1.0)
+  num_micro = batch.get("num_micro", batch["input_ids"].shape[0])
+  sparse = model.config.is_moe
 
   def micro_loss(params, mb):
-    m = nnx.merge(graphdef, params, rest)
+    # copy: fresh Variables in this trace, which the sparse layers' router statistics are written to.
+    m = nnx.merge(graphdef, params, rest, copy=sparse)
     if "segment_ids" in mb:   # packed rows: score them, then gather back to [S, T] (sequences)
       logprobs = packed_logprobs(m, mb, temperature)
     else:
@@ -149,7 +157,16 @@ def train_step(model: Decoder, optimizer: nnx.Optimizer, batch: Mapping[str, Any
       logprobs = token_logprobs(logits / temperature, mb["input_ids"])
     extras = {**mb["extras"], **batch["totals"]}
     loss, metrics = loss_fn(logprobs, mb["loss_mask"], extras)
-    return loss, dict(metrics)
+    metrics = dict(metrics)
+    if not sparse:
+      return loss, (metrics, {})
+    stats = moe_lib.router_stats(m)
+    aux, z = moe_lib.aux_loss(stats), moe_lib.z_loss(stats)
+    # Each micro-batch's router loss counts 1/num_micro: the step optimises their mean.
+    loss = loss + (moe.aux_loss_coef * aux + moe.z_loss_coef * z) / num_micro
+    metrics.update(moe_aux_loss=jax.lax.stop_gradient(aux) / num_micro,
+                   moe_z_loss=jax.lax.stop_gradient(z) / num_micro)
+    return loss, (metrics, {"load": jax.lax.stop_gradient(stats["load"])})
 
   grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
   keys = PACKED_KEYS if "segment_ids" in batch else ("input_ids", "attention_mask")
@@ -162,10 +179,13 @@ def train_step(model: Decoder, optimizer: nnx.Optimizer, batch: Mapping[str, Any
     mb = jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, i, keepdims=False), micro)
     return _tree_add(acc, grad_fn(params, mb))
 
-  num_micro = batch.get("num_micro", batch["input_ids"].shape[0])
-  (loss, metrics), grads = jax.lax.fori_loop(0, num_micro, body, zeros)
+  (loss, (metrics, router)), grads = jax.lax.fori_loop(0, num_micro, body, zeros)
   grad_norm = optax.global_norm(grads)
   optimizer.update(model, grads)
+  if sparse:
+    metrics.update(moe_lib.load_metrics(router["load"]))
+    if moe.bias_update_rate > 0:
+      moe_lib.update_expert_bias(model, router["load"], moe.bias_update_rate)
   return {**metrics, "loss": loss, "grad_norm": grad_norm}
 
 

@@ -26,7 +26,7 @@ from configs import terminal as terminal_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PRODUCT = ("dockyard", "launch")
-SHIPPED = [(swe_config, a) for a in ("tiny", "full", "torch", "sync", "full,torch")] + [
+SHIPPED = [(swe_config, a) for a in ("tiny", "full", "torch", "sync", "full,torch", "moe")] + [
     (math_config, a) for a in ("tiny", "full", "smollm")] + [
     (m, a) for m in (swe_agent_config, terminal_config) for a in ("tiny", "full", "torch")] + [
     (dpo_config, a) for a in ("tiny", "torch", "mode=ipo", "mode=simpo", "mode=orpo,torch")]
