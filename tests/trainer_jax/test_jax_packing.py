@@ -164,3 +164,15 @@ def test_a_sequence_longer_than_a_row_names_the_key(tiny_models, config):
   policy = _policy(tiny_models["qwen2"], config, packing_row_tokens=16)
   with pytest.raises(ValueError, match="packing_row_tokens"):
     policy.logprobs(_batch(policy.model.config.vocab_size))
+
+
+def test_packed_moe_logprobs_equal_unpacked(config):
+  """Qwen3-MoE (dropless routing): packed rows score every sequence as its own row does. (The
+  router's aux loss is a per-micro-batch mean, so it follows the grouping, packed or not.)"""
+  from dockyard.models.tiny import make_tiny_model
+  path = make_tiny_model({"family": "qwen3_moe"})
+  plain = _policy(path, config.copy_and_resolve_references(), seq_bucket=16)
+  packed = _policy(path, config.copy_and_resolve_references(), packing_row_tokens=128,
+                   micro_batch_size=2, seq_bucket=16)
+  batch = _batch(plain.model.config.vocab_size, b=6)
+  np.testing.assert_allclose(packed.logprobs(batch), plain.logprobs(batch), atol=1e-5, rtol=0)
