@@ -70,6 +70,9 @@ def get_config(arg=None):
       remat=full,                                       # jax.checkpoint each decoder layer
       max_seq_len=16384 if full else 2048,
       seq_bucket=64,   # JAX trainer: batch lengths pad to a multiple of this (one compile per length)
+      # > 0: pack sequences first-fit decreasing into rows of this many tokens, micro_batch_size
+      # rows a micro-batch (segment-masked attention; docs/packing.md). 0: one sequence a row.
+      packing_row_tokens=0,
   )
 
   # mesh: trainer devices as (data, fsdp, tensor); -1 is "the rest". Logical axis rules map
@@ -101,6 +104,9 @@ def get_config(arg=None):
       weight_decay=0.01,
       max_grad_norm=1.0,
       micro_batch_size=4 if full else 8,   # sequences per forward/backward; gradients accumulate
+      # torch trainer, unpacked: > 0 groups whole sequences into micro-batches of at most this many
+      # (padded) tokens instead of micro_batch_size rows (dynamic batching; docs/packing.md).
+      micro_batch_tokens=0,
   )
 
   # grpo: the algorithm and the loop.

@@ -170,6 +170,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if loss.ratio_clip_min < 0 or loss.ratio_clip_max < 0:
     raise ConfigError("loss_fn.ratio_clip_min", "clip epsilons must be >= 0")
   _validate_mesh(config)
+  _validate_packing(config)
   cluster = config.cluster
   if (cluster.accelerators_per_node > 0 and not cluster.colocated
       and cluster.trainer_nodes + cluster.inference_nodes > cluster.num_nodes):
@@ -250,6 +251,37 @@ def _validate_policy(config) -> None:
       raise ConfigError("policy.model_name_or_path", str(e)) from None
 
 
+def _validate_packing(config, preference: bool = False) -> None:
+  """policy.packing_row_tokens / optim.micro_batch_tokens (dockyard/packing.py): the combinations
+  that cannot work, each named by its keys."""
+  row = int(config.policy.get("packing_row_tokens", 0))
+  budget = int(config.optim.get("micro_batch_tokens", 0))
+  for key, value in (("policy.packing_row_tokens", row), ("optim.micro_batch_tokens", budget)):
+    if value < 0:
+      raise ConfigError(key, f"must be >= 0 (0: off), got {value}")
+  if row and budget:
+    raise ConfigError("optim.micro_batch_tokens", f"set together with policy.packing_row_tokens={row}: "
+                      f"packed micro-batches are already budgeted in tokens (optim.micro_batch_size "
+                      f"rows x policy.packing_row_tokens); set one of the two")
+  if budget and config.policy.backend == "jax":
+    raise ConfigError("optim.micro_batch_tokens", "the JAX trainer stacks its micro-batches in one "
+                      "compiled shape, so unpacked micro-batches by token budget save nothing there; "
+                      "set policy.packing_row_tokens (micro-batches of packed rows) instead, or "
+                      "policy.backend='torch'")
+  if preference and (row or budget):
+    key = "policy.packing_row_tokens" if row else "optim.micro_batch_tokens"
+    raise ConfigError(key, "a preference loss pairs rows 2i and 2i+1 inside one micro-batch; packing "
+                      "and token-budget micro-batches regroup sequences by length and would split "
+                      "pairs: leave it 0 for configs/dpo.py")
+  if not preference:
+    # A row (or a micro-batch) must hold a whole sequence: a prompt plus up to max_new_tokens.
+    need = int(config.rollout.max_new_tokens) + 1
+    for key, value in (("policy.packing_row_tokens", row), ("optim.micro_batch_tokens", budget)):
+      if value and value < need:
+        raise ConfigError(key, f"{value} cannot hold one sequence: a prompt plus up to "
+                          f"rollout.max_new_tokens={need - 1} completion tokens needs more")
+
+
 def _validate_mesh(config) -> None:
   if len(config.mesh.shape) != len(config.mesh.axes):
     raise ConfigError("mesh.shape", f"{tuple(config.mesh.shape)} has {len(config.mesh.shape)} entries "
@@ -319,6 +351,7 @@ def _validate_preference(config) -> None:
   for those rules), the loop's counts, and where the pairs come from."""
   _validate_policy(config)
   _validate_mesh(config)
+  _validate_packing(config, preference=True)
   from dockyard.dpo.loss_spec import PreferenceConfig   # NumPy only: no model, no backend
   try:
     PreferenceConfig.from_config(config)

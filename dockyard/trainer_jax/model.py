@@ -88,6 +88,40 @@ def apply_rope(x, cos, sin):
   return x * cos + rotated * sin
 
 
+ATTN_CHUNK = 128   # query block of the banded packed attention
+
+
+def segment_attention(q, k, v, segment_ids, window: int | None):
+  """Causal attention within segments of packed rows: q [B, L, H, D], k/v [B, L, K, D] (GQA),
+  segment_ids [B, L]. `window` (static): no segment is longer than this. Then each block of
+  ATTN_CHUNK queries needs only the keys of its own and the previous ceil(window / ATTN_CHUNK)
+  blocks, so the cost grows as L x window, not L^2 (XLA has no segment-skipping kernel: a full
+  [L, L] mask computes every cross-segment block and throws it away). Exact: the keys left out are
+  all in other segments. Falls back to the full same-segment mask when banding would not help."""
+  b, l, h, d = q.shape
+  kh = k.shape[2]
+  w = -(-int(window or l) // ATTN_CHUNK)
+  if window is None or l % ATTN_CHUNK or (w + 1) * ATTN_CHUNK >= l:
+    mask = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]
+    return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True)
+  n, pad = l // ATTN_CHUNK, w * ATTN_CHUNK
+  # Key block i covers padded positions [i * C, i * C + (w + 1) * C): the query block's own keys
+  # and the w blocks before it (the left padding has segment -1, matching nothing).
+  idx = jnp.arange(n)[:, None] * ATTN_CHUNK + jnp.arange((w + 1) * ATTN_CHUNK)[None, :]
+  widths = ((0, 0), (pad, 0), (0, 0), (0, 0))
+  kw, vw = jnp.pad(k, widths)[:, idx], jnp.pad(v, widths)[:, idx]          # [B, n, M, K, D]
+  seg_k = jnp.pad(segment_ids, ((0, 0), (pad, 0)), constant_values=-1)[:, idx]   # [B, n, M]
+  seg_q = segment_ids.reshape(b, n, ATTN_CHUNK)
+  q_pos = jnp.arange(l).reshape(n, ATTN_CHUNK) + pad
+  ok = (seg_q[..., :, None] == seg_k[..., None, :]) & (idx[None, :, None, :] <= q_pos[None, :, :, None])
+  qc = q.reshape(b, n, ATTN_CHUNK, kh, h // kh, d)
+  logits = jnp.einsum("bnckgd,bnmkd->bnkgcm", qc, kw, preferred_element_type=jnp.float32) / jnp.sqrt(
+      jnp.float32(d))
+  logits = jnp.where(ok[:, :, None, None], logits, jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+  return jnp.einsum("bnkgcm,bnmkd->bnckgd", probs, vw).reshape(b, l, h, d)
+
+
 class Attention(nnx.Module):
   def __init__(self, c: ModelConfig, *, dtype, param_dtype, rngs):
     kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
@@ -102,14 +136,17 @@ class Attention(nnx.Module):
       self.q_norm = self.k_norm = None
     self.num_kv_heads, self.head_dim = c.num_kv_heads, c.head_dim
 
-  def __call__(self, x, cos, sin, lengths):
+  def __call__(self, x, cos, sin, lengths, segments=None):
     q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
     if self.q_norm is not None:  # Qwen3 normalizes per head before RoPE
       q, k = self.q_norm(q), self.k_norm(k)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    # Causal + per-row key lengths (right padding) instead of a materialised [B, T, T] mask:
-    # the form cuDNN's fused attention accepts on GPU; on CPU this is XLA's reference kernel.
-    out = jax.nn.dot_product_attention(q, k, v, is_causal=True, key_value_seq_lengths=lengths)
+    if segments is not None:  # packed rows: (segment_ids, window)
+      out = segment_attention(q, k, v, *segments)
+    else:
+      # Causal + per-row key lengths (right padding) instead of a materialised [B, T, T] mask:
+      # the form cuDNN's fused attention accepts on GPU; on CPU this is XLA's reference kernel.
+      out = jax.nn.dot_product_attention(q, k, v, is_causal=True, key_value_seq_lengths=lengths)
     return self.o_proj(out)
 
 
@@ -201,11 +238,13 @@ class DecoderLayer(nnx.Module):
     sparse = index in c.moe_layers
     self.mlp = (MoE if sparse else MLP)(c, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
-  def __call__(self, x, cos, sin, lengths):
-    x = x + self.attn(self.input_norm(x), cos, sin, lengths)
+  def __call__(self, x, cos, sin, lengths, segments=None):
+    x = x + self.attn(self.input_norm(x), cos, sin, lengths, segments)
     h = self.post_attn_norm(x)
     if isinstance(self.mlp, MoE):  # the router's statistics count real tokens only
-      return x + self.mlp(h, jnp.arange(x.shape[1])[None, :] < lengths[:, None])
+      real = (segments[0] > 0 if segments is not None      # packed rows: segment 0 is padding
+              else jnp.arange(x.shape[1])[None, :] < lengths[:, None])
+      return x + self.mlp(h, real)
     return x + self.mlp(h)
 
 
@@ -213,6 +252,9 @@ class Decoder(nnx.Module):
   """Causal LM: token ids [B, T] -> fp32 logits [B, T, vocab].
 
   `attention_mask` must be right padding (ones, then zeros), as `dockyard.policy.TrainBatch` is.
+  Packed rows (`dockyard.packing`) pass `segment_ids` [B, T] (a token attends only to earlier
+  tokens of its own segment) and `positions` that restart at 0 in each segment instead, and may
+  bound the segments' length by a static `window` (see `segment_attention`).
   """
 
   def __init__(self, c: ModelConfig, *, dtype=jnp.float32, param_dtype=jnp.float32, remat: bool = False,
@@ -230,18 +272,25 @@ class Decoder(nnx.Module):
                           param_dtype=param_dtype, rngs=rngs))
     self.inv_freq = nnx.Variable(jnp.asarray(c.inv_freq()))  # a constant, not a Param: never trained
 
-  def __call__(self, input_ids, attention_mask=None, positions=None):
+  def __call__(self, input_ids, attention_mask=None, positions=None, segment_ids=None,
+               window: int | None = None):
     b, t = input_ids.shape
     if positions is None:  # right padding: real tokens sit at 0..len-1
       positions = jnp.broadcast_to(jnp.arange(t)[None, :], (b, t))
-    if attention_mask is None:
-      attention_mask = jnp.ones((b, t), jnp.int32)
-    lengths = attention_mask.astype(jnp.int32).sum(axis=-1)
+    segments = lengths = None
+    if segment_ids is not None:
+      if attention_mask is not None:
+        raise ValueError("packed rows take segment_ids, not an attention_mask")
+      segments = (segment_ids, window)
+    else:
+      if attention_mask is None:
+        attention_mask = jnp.ones((b, t), jnp.int32)
+      lengths = attention_mask.astype(jnp.int32).sum(axis=-1)
     cos, sin = rope_cos_sin(positions, self.inv_freq[...])
     x = self.embed(input_ids)
 
     def layer_fn(layer, x):
-      return layer(x, cos, sin, lengths)
+      return layer(x, cos, sin, lengths, segments)
     if self.remat:  # recompute each layer's activations in the backward pass to save memory
       layer_fn = nnx.remat(layer_fn)
     for layer in self.layers:

@@ -6,6 +6,13 @@ Host side of the trainer: takes NumPy `TrainBatch`es, pads them to length bucket
 varying size, e.g. under dynamic sampling, share a few compiled steps; the step computes only the
 real micro-batches) with the batch dimension sharded over the 'batch' rule's mesh axes, and
 calls the jitted `train_step`. Weights leave through the refit name-map in HF layout.
+
+With `policy.packing_row_tokens` > 0 the batch's sequences are packed first-fit decreasing into
+rows of that fixed length (`dockyard.packing`), `micro_batch_size` rows a micro-batch, and the
+step runs the model on the packed rows (segment-masked attention, per-segment positions) and
+gathers the logprobs back to each sequence before the unchanged loss fn. Shapes stay few: the
+row length is the constant budget, the micro-batch count and the sequences per micro-batch are
+rounded up to powers of two, the gathered length to `bucket`.
 """
 from __future__ import annotations
 
@@ -17,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dockyard import config_lib
+from dockyard import config_lib, packing
 from dockyard.policy import LossFn, Policy, TrainBatch, check_layout
 from dockyard.models import name_map
 from dockyard.trainer_jax import hf_io, train
@@ -46,11 +53,16 @@ def _get(config, path: str, default):
 class JaxPolicy(Policy):
   def __init__(self, model, optimizer, mesh, rules, optim: Mapping[str, Any], total_steps: int,
                *, micro_batch_size: int, bucket: int = 64, source_dir: str | None = None,
-               moe: moe_lib.MoEOptions = moe_lib.MoEOptions()):
+               packing_row_tokens: int = 0, moe: moe_lib.MoEOptions = moe_lib.MoEOptions()):
     self.model, self.optimizer, self.mesh, self.rules = model, optimizer, mesh, tuple(rules)
     self.optim, self.total_steps = dict(optim), int(total_steps)
     self.micro_batch_size, self.bucket, self.source_dir = int(micro_batch_size), int(bucket), source_dir
     self.moe = moe
+    self.packing_row_tokens = int(packing_row_tokens)
+    if int(self.optim.get("micro_batch_tokens", 0)):
+      raise ValueError("config.optim.micro_batch_tokens: the JAX trainer's micro-batches share one "
+                       "compiled shape, so a token budget over unpacked rows saves nothing; set "
+                       "config.policy.packing_row_tokens instead (micro-batches of packed rows)")
     batch_axes = shd.batch_axis_size(mesh, self.rules)
     if self.micro_batch_size % batch_axes:
       raise ValueError(f"config.optim.micro_batch_size={self.micro_batch_size} must be a multiple of "
@@ -79,6 +91,7 @@ class JaxPolicy(Policy):
     return cls(model, optimizer, mesh, rules, config.optim, total,
                micro_batch_size=int(config.optim.micro_batch_size),
                bucket=int(config.policy.seq_bucket), source_dir=path,
+               packing_row_tokens=int(_get(config, "policy.packing_row_tokens", 0)),
                moe=moe_lib.MoEOptions.from_config(_get(config, "policy.moe", None)))
 
   # --- batches -------------------------------------------------------------------------------
@@ -86,13 +99,21 @@ class JaxPolicy(Policy):
   def _padded_len(self, t: int) -> int:
     return max(self.bucket, int(math.ceil(t / self.bucket)) * self.bucket)
 
-  def _stack(self, batch: TrainBatch) -> tuple[dict, int]:
-    """Pads [B, T] to [n*mb, T'] and reshapes to [n, mb, T'], sharded on the batch dim."""
+  def _check(self, batch: TrainBatch) -> None:
     for name in ("attention_mask", "loss_mask"):
       if getattr(batch, name).shape != batch.input_ids.shape:
         raise ValueError(f"TrainBatch.{name} shape {getattr(batch, name).shape} != input_ids "
                          f"shape {batch.input_ids.shape}")
     check_layout(batch)
+    for k, v in batch.extras.items():
+      if np.ndim(v) == 0:
+        raise ValueError("per-sequence extras must have a batch dimension")
+      if np.shape(v)[0] != batch.batch_size:
+        raise ValueError(f"an extras array has batch dimension {np.shape(v)[0]}, expected {batch.batch_size}")
+
+  def _stack(self, batch: TrainBatch) -> tuple[dict, int]:
+    """Pads [B, T] to [n*mb, T'] and reshapes to [n, mb, T'], sharded on the batch dim."""
+    self._check(batch)
     b, t = batch.input_ids.shape
     mb = self.micro_batch_size
     n = max(1, math.ceil(b / mb))
@@ -123,9 +144,58 @@ class JaxPolicy(Policy):
     )
     return out, b
 
+  def _stack_packed(self, batch: TrainBatch) -> tuple[dict, list[np.ndarray]]:
+    """Packs the batch (`dockyard.packing`) into [n, R, L] rows, sharded on R, and lays the
+    sequences' loss masks and extras out as [n, S, T'] (replicated: the gather crosses rows);
+    returns the stacked arrays and each real micro-batch's sequence indices."""
+    self._check(batch)
+    b, t = batch.input_ids.shape
+    tb = self._padded_len(t)
+    micros = packing.pack_micro_batches(batch, self.packing_row_tokens, self.micro_batch_size, seq_len=tb)
+    n = len(micros)
+    n_cap = 1 << (n - 1).bit_length()
+    s_cap = 1 << (max(len(m.seqs) for m in micros) - 1).bit_length()
+
+    def stack(arrays, shape, dtype):   # micro-batches (each padded to `shape`) -> [n_cap, *shape]
+      out = np.zeros((n_cap,) + shape, dtype)
+      for i, a in enumerate(arrays):
+        out[(i,) + tuple(slice(0, d) for d in a.shape)] = a
+      return out
+
+    def by_seq(x):   # [B, ...] -> [n_cap, S_cap, ...]: each micro-batch's sequences, in its order
+      x = np.asarray(x)
+      shape = (s_cap,) + tuple(tb if (d == 1 and x.shape[1] == t) else x.shape[d] for d in range(1, x.ndim))
+      return stack([x[m.seqs] for m in micros], shape, x.dtype)
+
+    rows = (self.micro_batch_size, self.packing_row_tokens)
+    sharded = lambda x: jax.device_put(x, shd.batch_sharding(self.mesh, self.rules, x.ndim, batch_dim=1))
+    replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+    rep = lambda x: jax.device_put(x, replicated)
+    out = dict(
+        temperature=rep(np.float32(batch.temperature)),
+        num_micro=rep(np.int32(n)),
+        input_ids=sharded(stack([m.input_ids for m in micros], rows, np.int32)),
+        positions=sharded(stack([m.positions for m in micros], rows, np.int32)),
+        segment_ids=sharded(stack([m.segment_ids for m in micros], rows, np.int32)),
+        gather=rep(stack([m.gather for m in micros], (s_cap, tb), np.int32)),
+        valid=rep(stack([m.valid for m in micros], (s_cap, tb), np.float32)),
+        loss_mask=rep(by_seq(np.asarray(batch.loss_mask, np.float32))),
+        extras={k: rep(by_seq(v)) for k, v in batch.extras.items()},
+    )
+    return out, [m.seqs for m in micros]
+
   # --- Policy --------------------------------------------------------------------------------
 
   def logprobs(self, batch: TrainBatch) -> np.ndarray:
+    if self.packing_row_tokens:
+      stacked, seqs = self._stack_packed(batch)
+      t = batch.input_ids.shape[1]
+      out = np.zeros(batch.input_ids.shape, np.float32)
+      for i, idx in enumerate(seqs):
+        mb = {k: stacked[k][i] for k in train.PACKED_KEYS}
+        lp = np.asarray(jax.device_get(train.packed_logprob_step(self.model, mb, stacked["temperature"])))
+        out[idx] = lp[:len(idx), :t]
+      return out
     stacked, b = self._stack(batch)
     t = batch.input_ids.shape[1]
     outs = [train.logprob_step(self.model, stacked["input_ids"][i], stacked["attention_mask"][i],
@@ -136,7 +206,7 @@ class JaxPolicy(Policy):
 
   def train_step(self, batch: TrainBatch, loss_fn: LossFn) -> dict[str, float]:
     """One step; `loss_fn` is a jit static argument: pass the same callable each step."""
-    stacked, _ = self._stack(batch)
+    stacked, _ = self._stack_packed(batch) if self.packing_row_tokens else self._stack(batch)
     loss_mask = np.asarray(batch.loss_mask, np.float32)
     replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
     stacked["totals"] = jax.device_put(dict(

@@ -5,7 +5,8 @@ stacked as micro-batches [n_cap, micro_bs, T] (the policy does this on the host,
 batch keeps the batch sharding), a `lax.fori_loop` over the first `num_micro` of them (a traced
 count: a step that keeps fewer groups, e.g. under dynamic sampling, does not recompile and computes
 nothing for the padding micro-batches) sums loss, gradients and metrics per the LossFn contract in
-`dockyard/policy.py`, then one AdamW update applies. Model and optimizer are
+`dockyard/policy.py`, then one AdamW update applies. A packed batch (`dockyard.packing`) stacks
+packed rows instead and scores them with `packed_logprobs` before the same loss. Model and optimizer are
 donated: their old buffers are reused for the new state.
 """
 from __future__ import annotations
@@ -110,12 +111,29 @@ def _tree_add(a, b):
   return jax.tree.map(jnp.add, a, b)
 
 
+# A packed micro-batch (dockyard.packing.PackedMicro): rows [R, L] and the gather back to [S, T].
+PACKED_KEYS = ("input_ids", "positions", "segment_ids", "gather", "valid")
+
+
+def packed_logprobs(model: Decoder, mb: Mapping[str, Any], temperature=1.0):
+  """Logprobs [S, T] of a packed micro-batch's sequences: the model runs on the packed rows
+  (segment-masked attention, per-segment positions); each sequence's entries are gathered from
+  its row by flat index, 0 where `valid` is 0 (entry 0 and padding). No sequence is longer than
+  the gathered T, which bounds the attention band (`model.segment_attention`)."""
+  logits = model(mb["input_ids"], positions=mb["positions"], segment_ids=mb["segment_ids"],
+                 window=mb["gather"].shape[-1])
+  rows = token_logprobs(logits / temperature, mb["input_ids"])
+  return jnp.take(rows.reshape(-1), mb["gather"], axis=0) * mb["valid"]
+
+
 @functools.partial(nnx.jit, static_argnames=("loss_fn", "moe"), donate_argnums=(0, 1))
 def train_step(model: Decoder, optimizer: nnx.Optimizer, batch: Mapping[str, Any], loss_fn,
                moe: moe_lib.MoEOptions = moe_lib.MoEOptions()):
   """One optimizer step over stacked micro-batches; returns summed loss/metrics + grad_norm.
 
-  batch: input_ids / attention_mask / loss_mask [n, mb, T]; extras: name -> [n, mb, ...];
+  batch: input_ids / attention_mask / loss_mask [n, mb, T]; extras: name -> [n, mb, ...]; or,
+  packed, PACKED_KEYS (rows [n, R, L], gather / valid [n, S, T]) with loss_mask [n, S, T] and
+  extras [n, S, ...] laid out by sequence;
   totals: {'total_tokens', 'total_sequences'} scalars added to every micro-batch's extras;
   temperature (optional, default 1): a scalar array; the loss sees logprobs of logits / T;
   num_micro (optional, default n): an int32 scalar, how many of the n micro-batches are real (the
@@ -132,8 +150,11 @@ def train_step(model: Decoder, optimizer: nnx.Optimizer, batch: Mapping[str, Any
   def micro_loss(params, mb):
     # copy: fresh Variables in this trace, which the sparse layers' router statistics are written to.
     m = nnx.merge(graphdef, params, rest, copy=sparse)
-    logits = m(mb["input_ids"], mb["attention_mask"])
-    logprobs = token_logprobs(logits / temperature, mb["input_ids"])
+    if "segment_ids" in mb:   # packed rows: score them, then gather back to [S, T] (sequences)
+      logprobs = packed_logprobs(m, mb, temperature)
+    else:
+      logits = m(mb["input_ids"], mb["attention_mask"])
+      logprobs = token_logprobs(logits / temperature, mb["input_ids"])
     extras = {**mb["extras"], **batch["totals"]}
     loss, metrics = loss_fn(logprobs, mb["loss_mask"], extras)
     metrics = dict(metrics)
@@ -148,7 +169,8 @@ def train_step(model: Decoder, optimizer: nnx.Optimizer, batch: Mapping[str, Any
     return loss, (metrics, {"load": jax.lax.stop_gradient(stats["load"])})
 
   grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
-  micro = {k: batch[k] for k in ("input_ids", "attention_mask", "loss_mask", "extras")}
+  keys = PACKED_KEYS if "segment_ids" in batch else ("input_ids", "attention_mask")
+  micro = {k: batch[k] for k in keys + ("loss_mask", "extras")}
   first = jax.tree.map(lambda x: x[0], micro)
   out_shape = jax.eval_shape(grad_fn, params, first)
   zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), out_shape)
@@ -171,3 +193,9 @@ def train_step(model: Decoder, optimizer: nnx.Optimizer, batch: Mapping[str, Any
 def logprob_step(model: Decoder, input_ids, attention_mask, temperature=1.0):
   """Per-token logprobs under softmax(logits / temperature) (a traced scalar: no recompile per T)."""
   return token_logprobs(model(input_ids, attention_mask) / temperature, input_ids)
+
+
+@nnx.jit
+def packed_logprob_step(model: Decoder, mb, temperature=1.0):
+  """`packed_logprobs` of one packed micro-batch (PACKED_KEYS), jitted."""
+  return packed_logprobs(model, mb, temperature)

@@ -90,6 +90,15 @@ def all_gather_rows(x: torch.Tensor) -> torch.Tensor:
   return torch.cat(parts, dim=0)
 
 
+def all_reduce_tensor(x: torch.Tensor) -> torch.Tensor:
+  """Elementwise sum over ranks of an equal-shaped tensor (on the collective's device)."""
+  if world_size() == 1:
+    return x
+  y = x.detach().to(device_type()).contiguous()
+  dist.all_reduce(y, op=dist.ReduceOp.SUM)
+  return y
+
+
 def all_reduce_sum(values: dict[str, torch.Tensor]) -> dict[str, float]:
   """Sums scalar tensors over ranks in one collective; returns Python floats."""
   if not values:

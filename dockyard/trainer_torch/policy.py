@@ -6,6 +6,15 @@ parameters are DTensors sharded (dim 0) over the ranks; one rank in a plain proc
 `dockyard.trainer_torch.dist`: every rank passes the same global batch. The optimizer follows the
 JAX trainer (`dockyard.trainer_torch.optim`); weights leave through the refit name-map
 (`named_weights`); checkpoints are torch distributed checkpoints (`dockyard.trainer_torch.checkpoint`).
+
+Micro-batches are `optim.micro_batch_size` rows by default. With `policy.packing_row_tokens` > 0
+they are packed rows instead (`dockyard.packing`: first-fit decreasing, `micro_batch_size` rows of
+at most that many tokens, trimmed to the longest): the model gets per-segment `position_ids` and no
+attention mask, from which transformers builds the block-causal (same-segment) mask for sdpa and
+eager attention; the logprobs are gathered back to each sequence before the unchanged loss fn.
+With `optim.micro_batch_tokens` > 0 (unpacked) whole sequences are grouped, longest first, into
+micro-batches of at most that many padded tokens. Either way micro-batch j of the global plan runs
+on rank j % world.
 """
 from __future__ import annotations
 
@@ -18,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from dockyard import config_lib
+from dockyard import config_lib, packing
 from dockyard.policy import LossFn, Policy, TrainBatch, check_layout
 from dockyard.models import name_map
 from dockyard.models.model_config import ModelConfig  # pure Python: the name-map's config
@@ -76,6 +85,12 @@ class TorchPolicy(Policy):
     self._micro = int(config.optim.micro_batch_size)
     if self._micro < 1:
       raise ValueError(f"config.optim.micro_batch_size must be >= 1, got {self._micro}")
+    self._packing_row_tokens = int(config.policy.get("packing_row_tokens", 0))
+    self._micro_tokens = int(config.optim.get("micro_batch_tokens", 0))
+    if self._packing_row_tokens and self._micro_tokens:
+      raise ValueError("config.policy.packing_row_tokens and config.optim.micro_batch_tokens are both "
+                       "set: packed micro-batches are already budgeted in tokens (micro_batch_size "
+                       "rows x packing_row_tokens); set one")
     param_dtype = _dtype(config.policy.param_dtype, "policy.param_dtype")
     compute_dtype = _dtype(config.policy.dtype, "policy.dtype")
     optim.lr_at(0, self._optim, self._total_steps)  # fails early on a bad schedule
@@ -170,7 +185,80 @@ class TorchPolicy(Policy):
       logits = logits.to(torch.float32) / float(temperature)
     return token_logprobs(logits, ids)
 
+  # ---- packed / token-budget micro-batches (dockyard.packing) -------------------------------------
+
+  @property
+  def _planned(self) -> bool:
+    return bool(self._packing_row_tokens or self._micro_tokens)
+
+  def _plan(self, batch: TrainBatch) -> list:
+    """This rank's micro-batches of the global plan: `packing.PackedMicro`s, or arrays of sequence
+    indices (token budget); None is an empty one, so that every rank runs the same number of
+    forward/backward rounds (each is a round of FSDP collectives)."""
+    check_batch(batch, self.model_config.vocab_size, self._max_seq_len)
+    if self._packing_row_tokens:
+      micros = packing.pack_micro_batches(batch, self._packing_row_tokens, self._micro, trim=True)
+    else:
+      groups = packing.token_budget_groups(packing.seq_lengths(batch), self._micro_tokens)
+      micros = [np.asarray(g, np.int64) for g in groups]
+    world = dist.world_size()
+    micros += [None] * (-len(micros) % world)
+    return micros[dist.rank()::world]
+
+  def _micro_logprobs(self, batch: TrainBatch, micro) -> tuple[np.ndarray, torch.Tensor]:
+    """(sequence indices, their logprobs [S, T]) of one planned micro-batch; an empty one runs a
+    two-token dummy row (no sequences) so the collectives still happen."""
+    t = batch.input_ids.shape[1]
+    if micro is None:
+      lp = self._logprobs(np.zeros((1, 2), np.int64), np.ones((1, 2), np.int64), batch.temperature)
+      return np.zeros((0,), np.int64), F.pad(lp, (0, t - 2)) if t >= 2 else lp[:, :t]
+    if isinstance(micro, packing.PackedMicro):
+      ids = torch.as_tensor(micro.input_ids, dtype=torch.long, device=self.device)
+      pos = torch.as_tensor(micro.positions, dtype=torch.long, device=self.device)
+      # No attention mask: transformers derives the segments from the restarting position_ids.
+      logits = self.model(input_ids=ids, position_ids=pos, use_cache=False).logits
+      if batch.temperature != 1.0:
+        logits = logits.to(torch.float32) / float(batch.temperature)
+      rows = token_logprobs(logits, ids).reshape(-1)
+      gather = torch.as_tensor(micro.gather, dtype=torch.long, device=self.device)
+      valid = torch.as_tensor(micro.valid, device=self.device)
+      return micro.seqs, rows[gather] * valid
+    n = int(packing.seq_lengths(batch)[micro].max())
+    lp = self._logprobs(np.asarray(batch.input_ids)[micro, :n], np.asarray(batch.attention_mask)[micro, :n],
+                        batch.temperature)
+    return micro, F.pad(lp, (0, t - n))
+
+  def _planned_logprobs(self, batch: TrainBatch) -> np.ndarray:
+    full = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=self.device)
+    self.model.eval()
+    with torch.no_grad():
+      for micro in self._plan(batch):
+        seqs, lp = self._micro_logprobs(batch, micro)
+        full[torch.as_tensor(seqs, device=self.device)] = lp.to(torch.float32)
+    # Every sequence was scored on exactly one rank: a sum over ranks assembles the batch.
+    full = dist.all_reduce_tensor(full).cpu().numpy()
+    return full * np.asarray(batch.attention_mask, full.dtype)
+
+  def _planned_losses(self, batch: TrainBatch, loss_fn: LossFn, totals) -> dict[str, torch.Tensor]:
+    sums: dict[str, torch.Tensor] = {}
+    loss_mask = np.asarray(batch.loss_mask, np.float32)
+    for micro in self._plan(batch):
+      seqs, lp = self._micro_logprobs(batch, micro)
+      if micro is None:   # the dummy row: no loss tokens, zero extras of the right shapes
+        rows = lambda v: np.zeros((1,) + np.shape(v)[1:], np.asarray(v).dtype)
+      else:
+        rows = lambda v: np.asarray(v)[seqs]
+      extras = {k: torch.as_tensor(rows(v)) if np.ndim(v) >= 1 else torch.as_tensor(v)
+                for k, v in batch.extras.items()}
+      loss, metrics = loss_fn(lp, torch.as_tensor(rows(loss_mask)), {**extras, **totals})
+      loss.backward()   # gradients accumulate over micro-batches (FSDP sums them over ranks)
+      for k, v in {**metrics, "loss": loss}.items():
+        sums[k] = sums.get(k, 0.0) + torch.as_tensor(v).detach().to(torch.float64)
+    return sums
+
   def logprobs(self, batch: TrainBatch) -> np.ndarray:
+    if self._planned:
+      return self._planned_logprobs(batch)
     part, n_micro = self._rank_slice(batch)
     outs = []
     self.model.eval()  # the same function train_step differentiates, minus any dropout
@@ -183,12 +271,9 @@ class TorchPolicy(Policy):
 
   # ---- training ---------------------------------------------------------------------------------
 
-  def train_step(self, batch: TrainBatch, loss_fn: LossFn) -> dict[str, float]:
+  def _fixed_losses(self, batch: TrainBatch, loss_fn: LossFn, totals) -> dict[str, torch.Tensor]:
+    """Forward/backward of this rank's rows, `micro_batch_size` rows at a time; summed metrics."""
     part, n_micro = self._rank_slice(batch)
-    lm = np.asarray(batch.loss_mask, np.float32)
-    totals = dict(total_tokens=torch.tensor(float(lm.sum())),
-                  total_sequences=torch.tensor(float((lm.sum(-1) > 0).sum())))
-    self.model.train()
     sums: dict[str, torch.Tensor] = {}
     for i in range(n_micro):
       s = slice(i * self._micro, (i + 1) * self._micro)
@@ -199,6 +284,14 @@ class TorchPolicy(Policy):
       loss.backward()  # FSDP reduce-scatters (sums) into the sharded .grad, accumulating
       for k, v in {**metrics, "loss": loss}.items():
         sums[k] = sums.get(k, 0.0) + torch.as_tensor(v).detach().to(torch.float64)
+    return sums
+
+  def train_step(self, batch: TrainBatch, loss_fn: LossFn) -> dict[str, float]:
+    lm = np.asarray(batch.loss_mask, np.float32)
+    totals = dict(total_tokens=torch.tensor(float(lm.sum())),
+                  total_sequences=torch.tensor(float((lm.sum(-1) > 0).sum())))
+    self.model.train()
+    sums = (self._planned_losses if self._planned else self._fixed_losses)(batch, loss_fn, totals)
     out = dist.all_reduce_sum(sums)
 
     params = [p for p in self.model.parameters() if p.grad is not None]

@@ -98,3 +98,34 @@ def test_math_variants_and_eval_keys_validate():
   off = math_cfg.get_config("smollm")
   off.eval.pass_k, off.eval.num_samples = 0, 0   # greedy pass@1 only: the sample keys are not read
   validate.validate(off)
+
+
+@pytest.mark.parametrize("variant,overrides,key,msg", [
+    ("tiny", {"policy.packing_row_tokens": -1}, "policy.packing_row_tokens", "must be >= 0"),
+    ("tiny", {"policy.packing_row_tokens": 1024, "optim.micro_batch_tokens": 4096},
+     "optim.micro_batch_tokens", "set one of the two"),
+    ("tiny", {"optim.micro_batch_tokens": 4096}, "optim.micro_batch_tokens", "JAX trainer"),
+    ("tiny", {"policy.packing_row_tokens": 200}, "policy.packing_row_tokens", "max_new_tokens=256"),
+    ("tiny,torch", {"optim.micro_batch_tokens": 100}, "optim.micro_batch_tokens", "max_new_tokens=256"),
+])
+def test_packing_combinations_that_cannot_work_name_their_keys(variant, overrides, key, msg):
+  config = swe.get_config(variant)
+  for dotted, value in overrides.items():
+    section, name = dotted.split(".")
+    config[section][name] = value
+  with pytest.raises(validate.ConfigError, match=f"config.{key}: .*{msg}"):
+    validate.validate(config)
+
+
+def test_packing_settings_that_work_validate():
+  from configs import dpo
+  config = swe.get_config("tiny")
+  config.policy.packing_row_tokens = 1024
+  validate.validate(config)
+  config = swe.get_config("tiny,torch")
+  config.optim.micro_batch_tokens = 4096
+  validate.validate(config)
+  config = dpo.get_config()
+  config.policy.packing_row_tokens = 1024
+  with pytest.raises(validate.ConfigError, match="config.policy.packing_row_tokens: .*pairs"):
+    validate.validate(config)

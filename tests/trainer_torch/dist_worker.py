@@ -1,6 +1,7 @@
 """The torchrun worker of the distributed tests: train, save/restore, dump what the test compares.
 
   torchrun --nproc_per_node=2 tests/trainer_torch/dist_worker.py MODEL OUT [--restore CKPT]
+      [--micro_batch_size N] [--packing_row_tokens L]
 
 Without --restore: 2 steps, save OUT/ckpt (-> OUT/ckpt/2/), 2 more steps. With it: restore, 2 steps. Rank 0
 writes OUT/result.npz (per-step metrics + final weights); every rank writes its local shard
@@ -28,8 +29,10 @@ def main():
   ap.add_argument("out")
   ap.add_argument("--restore", default="")
   ap.add_argument("--micro_batch_size", type=int, default=2)
+  ap.add_argument("--packing_row_tokens", type=int, default=0)
   args = ap.parse_args()
   cfg = common.make_config(micro_batch_size=args.micro_batch_size)
+  cfg.policy.packing_row_tokens = args.packing_row_tokens
   policy = TorchPolicy.from_hf(args.model, cfg)
   loss_fn = make_pg_loss(common.loss_config(cfg))
   rank = tdist.rank()
