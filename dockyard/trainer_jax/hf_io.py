@@ -87,9 +87,13 @@ def from_hf(path: str, mesh=None, rules=(), *, dtype=jnp.float32, param_dtype=jn
 
 
 def named_params(model: Decoder) -> dict[str, jax.Array]:
-  """NNX parameters by dotted path (the name-map's left column)."""
-  return {".".join(str(k) for k in key): v.get_value()
-          for key, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+  """NNX parameters by dotted path (the name-map's left column), as an HF checkpoint holds
+  them: LoRA adapters, if any, merged into their kernels (`kernel + scale * a . b`)."""
+  from dockyard.trainer_jax import lora   # lora imports model, as this module does
+  out = {".".join(str(k) for k in key): v.get_value()
+         for key, v in nnx.to_flat_state(nnx.state(model, lora.BASE_FILTER))}
+  out.update(lora.merged_kernels(model))
+  return out
 
 
 def to_numpy(x) -> np.ndarray:
