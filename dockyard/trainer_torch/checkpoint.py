@@ -40,7 +40,16 @@ class Checkpointer:
       raise ValueError(f"checkpoint keep_latest must be >= 1, got {keep_latest}")
     self.directory = os.path.abspath(directory)
     self.keep_latest = keep_latest
+    self.trainable_only = trainable_only
     self.options = StateDictOptions(ignore_frozen_params=trainable_only, strict=not trainable_only)
+
+  def _model_state(self, model: torch.nn.Module, model_sd: dict) -> dict:
+    if not self.trainable_only:
+      return model_sd
+    # ignore_frozen_params keeps a tied weight under its second name (lm_head.weight): filter
+    # by what actually trains.
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    return {k: v for k, v in model_sd.items() if k in trainable}
 
   def all_steps(self) -> list[int]:
     if not os.path.isdir(self.directory):
@@ -61,7 +70,7 @@ class Checkpointer:
       os.makedirs(tmp)
     _barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer, options=self.options)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp)
+    dcp.save({"model": self._model_state(model, model_sd), "optim": optim_sd}, checkpoint_id=tmp)
     if _rank() == 0:  # every rank holds the same bookkeeping and data iterator (SPMD loop)
       meta = {"step": int(step), **(extra or {})}
       with open(os.path.join(tmp, META), "w") as f:
@@ -107,7 +116,7 @@ class Checkpointer:
       raise FileNotFoundError(f"{path!r} is not a torch distributed checkpoint (no .metadata)")
     # also materializes empty AdamW state
     model_sd, optim_sd = get_state_dict(model, optimizer, options=self.options)
-    state = {"model": model_sd, "optim": optim_sd}
+    state = {"model": self._model_state(model, model_sd), "optim": optim_sd}
     dcp.load(state, checkpoint_id=path)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
                    options=self.options)
