@@ -86,6 +86,11 @@ class RefitCanary:
     self._last = (trainer, engine, metrics["max_abs_logprob_delta"])
     return metrics
 
+  def reset(self) -> None:
+    """Forgets the last passing scores (the engine's weights were replaced outside a sync), so
+    the next check applies the absolute bound alone."""
+    self._last = None
+
   def _tracking(self, trainer, engine, version) -> dict[str, float]:
     last_trainer, last_engine, last_noise = self._last
     d_trainer, d_engine = trainer - last_trainer, engine - last_engine

@@ -87,13 +87,14 @@ def test_lora_refit_merge_and_adapter_modes_pass_the_canary(config, tiny_path):
 
   step(1)
   canary.max_abs_logprob_delta = 10.0   # the absolute bound alone would pass a stale engine now
-  dropped = WeightSynchronizer(policy, engine, DroppingTransport(engine), canary, lora_mode="merge")
-  dropped._full_synced = True
+  dropped = WeightSynchronizer(policy, engine, DroppingTransport(engine), canary, lora_mode="merge",
+                               version=engine.weight_version)
   with pytest.raises(RefitCanaryError, match="did not follow the trainer"):
     dropped.sync_weights()
   canary.max_abs_logprob_delta = 1e-3
-  sync._version = engine.weight_version
-  sync.refit()   # the real sync puts the engine back on the trainer's weights
+  # a real sync puts the engine back on the trainer's weights
+  WeightSynchronizer(policy, engine, InProcessTransport(engine), canary, lora_mode="merge",
+                     version=engine.weight_version).refit()
 
   # --- adapter ------------------------------------------------------------------------------
   base = load_file(os.path.join(tiny_path, "model.safetensors"))
