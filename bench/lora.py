@@ -118,7 +118,7 @@ def main():
   # --- refit into a CPU vLLM engine: full vs merge vs adapter -------------------------------
   rollout = config.rollout
   rollout.max_model_len = 512
-  engine = VLLMEngine(path, rollout, lora_rank=RANK)
+  engine = VLLMEngine(path, rollout, lora_rank=RANK, lora_targets=lora_config.policy.lora.targets)
   canary = RefitCanary.random(engine.vocab_size, float(config.refit.canary.max_abs_logprob_delta))
   reps = 1 if args.smoke else 2 if args.quick else 3
 

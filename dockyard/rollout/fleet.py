@@ -34,9 +34,11 @@ class EngineActorImpl:
   share the engine's continuous batching instead of running one after another.
   """
 
-  def __init__(self, model_path: str, rollout: dict, seed: int, version: int, lora_rank: int = 0):
+  def __init__(self, model_path: str, rollout: dict, seed: int, version: int, lora_rank: int = 0,
+               lora_targets: tuple = ()):
     from dockyard.rollout.vllm_engine import VLLMEngine
-    self.engine = VLLMEngine(model_path, rollout, seed=seed, version=version, lora_rank=lora_rank)
+    self.engine = VLLMEngine(model_path, rollout, seed=seed, version=version, lora_rank=lora_rank,
+                             lora_targets=lora_targets)
     self._lora_dirs: list[str] = []
     self.batches = 0
     self.in_batch = 0      # requests inside the running vLLM batch
@@ -144,6 +146,7 @@ class RolloutFleet(Generator):
     lora, refit = config.policy.get("lora") if "policy" in config else None, config.get("refit")
     adapter_mode = bool(lora and lora.enabled and refit and refit.get("lora_mode") == "adapter")
     self.lora_rank = int(lora.rank) if adapter_mode else 0
+    self.lora_targets = tuple(lora.targets) if adapter_mode else ()
     self.lora_enabled = adapter_mode
     self._lock = threading.Lock()
     self.restarts = 0
@@ -176,7 +179,8 @@ class RolloutFleet(Generator):
         scheduling_strategy=PlacementGroupSchedulingStrategy(
             placement_group=self.placement_groups[i], placement_group_bundle_index=0,
             placement_group_capture_child_tasks=True),
-        **resources).remote(self.model_path, self.rollout, self.seed + i, version, self.lora_rank)
+        **resources).remote(self.model_path, self.rollout, self.seed + i, version, self.lora_rank,
+                            self.lora_targets)
 
   def _restart(self, i: int, dead) -> None:
     """Replaces engine `i` if it is still `dead` (concurrent failures restart it once)."""

@@ -132,8 +132,9 @@ class VLLMEngine(BatchedAgenerate, Generator):
   """A vLLM `LLM` (in-process core) with dockyard's weight loading and versioning."""
 
   def __init__(self, model_path: str, rollout: Mapping[str, Any], seed: int = 0, version: int = 0,
-               lora_rank: int = 0):
-    """`lora_rank` > 0: vLLM's LoRA support on (one adapter slot, for `load_lora_adapter`)."""
+               lora_rank: int = 0, lora_targets: Sequence[str] = ()):
+    """`lora_rank` > 0: vLLM's LoRA support on (one adapter slot, for `load_lora_adapter`) for
+    the projections `lora_targets` (HF names, e.g. 'q_proj'; required with a rank)."""
     _set_engine_env(rollout)
     import vllm
     self.model_path = model_path
@@ -143,7 +144,14 @@ class VLLMEngine(BatchedAgenerate, Generator):
       if not fits:
         raise ValueError(f"config.policy.lora.rank={lora_rank}: vLLM serves adapters up to rank "
                          f"{VLLM_LORA_RANKS[-1]}")
-      kwargs.update(enable_lora=True, max_lora_rank=fits[0], max_loras=1)
+      if not lora_targets:
+        raise ValueError("VLLMEngine(lora_rank=...) needs lora_targets (config.policy.lora.targets)")
+      # Naming the targets keeps vLLM from wrapping lm_head too: with a LoRA-wrapped logits
+      # processor, CPU vLLM 0.32 fails every prompt-logprobs request (the canary's probe) with
+      # "einsum(): subscript b has size 2 for operand 1 which does not broadcast with previously
+      # seen size 31" (punica_cpu.add_lora_logits indexes one row per request, not per token).
+      kwargs.update(enable_lora=True, max_lora_rank=fits[0], max_loras=1,
+                    lora_target_modules=list(lora_targets))
     self.llm = vllm.LLM(**kwargs)
     self.lora_enabled = lora_rank > 0
     self._lora_request = None   # the adapter every request runs with (refit lora_mode='adapter')

@@ -67,7 +67,7 @@ def test_lora_refit_merge_and_adapter_modes_pass_the_canary(config, tiny_path):
   cfg.policy.lora.rank = 8
   cfg.optim.lr = 3e-3
   policy = JaxPolicy.from_hf(tiny_path, cfg, devices=jax.devices()[:1])
-  engine = VLLMEngine(tiny_path, cfg.rollout, seed=0, lora_rank=8)
+  engine = VLLMEngine(tiny_path, cfg.rollout, seed=0, lora_rank=8, lora_targets=cfg.policy.lora.targets)
 
   def step(seed):
     policy.train_step(_batch(seed), losses.nll_loss)
