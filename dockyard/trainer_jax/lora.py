@@ -107,7 +107,7 @@ def adapters(model) -> dict[str, LoRAAdapter]:
     for where, parent in (("attn", layer.attn), ("mlp", layer.mlp)):
       for name in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"):
         proj = getattr(parent, name, None)
-        if proj is not None and getattr(proj, "lora", None) is not None:
+        if isinstance(proj, (HeadsProj, OutProj, Dense)) and proj.lora is not None:
           out[f"layers.{i}.{where}.{name}.kernel"] = proj.lora
   return out
 
