@@ -124,18 +124,22 @@ def main():
 
   def timed(lora_mode, train_first=True):
     """`reps` syncs in `lora_mode` (a train step before the first, so the canary's tracking check
-    bites); the median of their metrics."""
+    bites on it): the median bytes and seconds, and the first sync's canary metrics."""
     sync = WeightSynchronizer(lora, engine, InProcessTransport(engine), canary, lora_mode=lora_mode,
                               version=engine.weight_version)
-    if lora_mode == "merge":
-      sync.refit()   # a merge-mode synchronizer's first sync sends every weight: not this row's
+    if lora_mode is not None:
+      # merge: a synchronizer's first sync sends every weight; adapter: the first load into the
+      # engine. Neither is this row's; each gives the canary its baseline.
+      sync.refit()
     runs = []
     for i in range(reps):
       if train_first and i == 0:
         lora.train_step(train_batch, nll_loss)
       runs.append(sync.refit())
     sync.close()
-    return {k: statistics.median(r[k] for r in runs) for k in runs[0] if k in runs[-1]}
+    out = {k: statistics.median(r[k] for r in runs) for k in ("refit/bytes", "refit/time_s")}
+    out.update({k: v for k, v in runs[0].items() if k.startswith("refit/canary/")})
+    return out
 
   timed(None, train_first=False)           # warm-up: the engine's first reload
   full_sync = timed(None)                  # every weight (LoRA merged), as a full fine-tune sends
@@ -144,9 +148,11 @@ def main():
   engine.update_weights(base.items(), engine.weight_version + 1)   # the unmerged base again
   canary.reset()                           # the engine's weights changed out of band
   adapter_sync = timed("adapter")          # a PEFT directory served by vLLM's LoRA support
-  for name, m in (("merge", merge_sync), ("adapter", adapter_sync)):
-    print(f"refit canary ({name}): max |Δ logprob| {m['refit/canary/max_abs_logprob_delta']:.2e}, "
-          f"tracking error {m['refit/canary/tracking_error']:.2e}")
+  for name, m in (("full", full_sync), ("merge", merge_sync), ("adapter", adapter_sync)):
+    tracking = m.get("refit/canary/tracking_error")
+    print(f"refit canary ({name}): max |Δ logprob| {m['refit/canary/max_abs_logprob_delta']:.2e}"
+          + ("" if tracking is None else f", tracking error {tracking:.2e} (trainer moved "
+             f"{m['refit/canary/trainer_change']:.2e})"))
   print(f"{'':34s}{'full':>12s}{'merge':>12s}{'adapter':>12s}{'merge/full':>11s}{'adapter/full':>13s}")
   for label, key, unit, scale in (("refit bytes", "refit/bytes", "MB", 1e6), ("refit time", "refit/time_s", "s", 1.0)):
     f, m, a = full_sync[key], merge_sync[key], adapter_sync[key]
