@@ -91,7 +91,6 @@ class WeightSynchronizer:
     self.last_metrics = metrics
     return metrics
 
-
   def _send_adapter(self, version: int) -> int:
     """Writes the adapters as a PEFT directory and has the engines serve it; the previous
     version's directory goes once the new one is loaded. Returns the adapter's tensor bytes."""
