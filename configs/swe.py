@@ -73,6 +73,15 @@ def get_config(arg=None):
       # > 0: pack sequences first-fit decreasing into rows of this many tokens, micro_batch_size
       # rows a micro-batch (segment-masked attention; docs/packing.md). 0: one sequence a row.
       packing_row_tokens=0,
+      # LoRA (both backends, docs/lora.md): adapters W + (alpha / rank) * B A on `targets`, the
+      # base frozen, optimizer state and checkpoints for the adapters alone.
+      lora=dict(
+          enabled=False,
+          rank=8,
+          alpha=16.0,
+          dropout=0.0,
+          targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+      ),
   )
 
   # mesh: trainer devices as (data, fsdp, tensor); -1 is "the rest". Logical axis rules map
@@ -187,6 +196,9 @@ def get_config(arg=None):
   # refit: moving weights trainer -> vLLM, and the canary that checks they arrived right.
   config.refit = dict(
       transport="auto",        # auto | inprocess | object_store | shared_memory | nccl
+      # Under policy.lora: merge (W + scale * B A of the adapted projections only, after one full
+      # sync) | adapter (vLLM's LoRA: a PEFT adapter directory per version; in-process engine).
+      lora_mode="merge",
       canary=dict(
           enabled=True,
           max_abs_logprob_delta=1e-2 if full else 1e-3,

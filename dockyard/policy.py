@@ -90,8 +90,15 @@ class Policy(abc.ABC):
     policy's schedule where it left it."""
 
   @abc.abstractmethod
-  def named_weights(self) -> Iterator[tuple[str, np.ndarray]]:
-    """Streams (hf_name, array) pairs in HF layout, through the refit name-map."""
+  def named_weights(self, touched_only: bool = False) -> Iterator[tuple[str, np.ndarray]]:
+    """Streams (hf_name, array) pairs in HF layout, through the refit name-map, LoRA adapters
+    merged into their projections. `touched_only`: only the tensors a training step can change
+    (under LoRA the adapted projections; otherwise every weight)."""
+
+  def save_adapter(self, path: str) -> int:
+    """Writes the LoRA adapters as a PEFT adapter directory; returns their bytes (refit
+    lora_mode='adapter')."""
+    raise NotImplementedError(f"{type(self).__name__} has no LoRA adapters to save")
 
   @abc.abstractmethod
   def save(self, directory: str) -> None:

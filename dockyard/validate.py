@@ -199,6 +199,17 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise ConfigError("rollout.max_new_tokens", f"must be < rollout.max_model_len ({rollout.max_model_len})")
   if config.refit.transport not in ("auto", "inprocess", "object_store", "shared_memory", "nccl"):
     raise ConfigError("refit.transport", f"unknown transport {config.refit.transport!r}")
+  lora_mode = config.refit.get("lora_mode", "merge")
+  if lora_mode not in ("merge", "adapter"):
+    raise ConfigError("refit.lora_mode", f"must be 'merge' or 'adapter', got {lora_mode!r}")
+  if lora_mode == "adapter":
+    if not config.policy.lora.enabled:
+      raise ConfigError("refit.lora_mode", "'adapter' ships LoRA adapters to vLLM: it needs "
+                        "policy.lora.enabled=True (without LoRA every refit is a full one)")
+    if config.refit.transport == "nccl":
+      raise ConfigError("refit.lora_mode", "'adapter' ships a PEFT adapter directory (through the "
+                        "object store to a fleet), not weights over a broadcast: refit.transport='nccl' "
+                        "would go unused; use 'auto' or lora_mode='merge'")
   if config.env.name not in ("swe", "math", "terminal", "choice"):
     raise ConfigError("env.name", f"must be 'swe', 'math', 'terminal' or 'choice', got {config.env.name!r}")
   if config.env.name == "choice":
@@ -243,6 +254,12 @@ def _validate_policy(config) -> None:
     raise ConfigError("policy.seq_bucket", f"must be >= 1, got {config.policy.seq_bucket}")
   if config.policy.backend not in ("jax", "torch"):
     raise ConfigError("policy.backend", f"must be 'jax' or 'torch', got {config.policy.backend!r}")
+  from dockyard.models.lora import LoRAConfig   # stdlib + NumPy: nothing heavy loads here
+  try:
+    LoRAConfig.from_config(config)
+  except ValueError as err:   # "policy.lora.<key>: ..." -> the key it names
+    key, _, message = str(err).partition(": ")
+    raise ConfigError(key, message) from None
   if str(config.policy.model_name_or_path).startswith("package:"):
     from dockyard.models import packaged  # stdlib only: nothing heavy loads here
     try:

@@ -122,11 +122,12 @@ def nnx_to_hf_array(entry: Entry, x: np.ndarray) -> np.ndarray:
 
 
 def to_hf(named: Mapping[str, np.ndarray] | Iterable[tuple[str, np.ndarray]],
-          config: ModelConfig) -> Iterator[tuple[str, np.ndarray]]:
+          config: ModelConfig, *, partial: bool = False) -> Iterator[tuple[str, np.ndarray]]:
   """Streams (hf_name, array) in HF / vLLM layout from NNX (path, array) pairs.
 
   Every table entry must be present and nothing else: a missing or unknown NNX path is an error
-  (a silently skipped weight would leave vLLM serving stale values).
+  (a silently skipped weight would leave vLLM serving stale values). `partial=True` streams a
+  subset (a LoRA merge refit sends only the projections it touched); unknown paths still fail.
   """
   named = dict(named)
   entries = table(config)
@@ -136,6 +137,8 @@ def to_hf(named: Mapping[str, np.ndarray] | Iterable[tuple[str, np.ndarray]],
     raise KeyError(f"NNX parameters with no HF name in the {config.family} table: {unknown[:5]}")
   for e in entries:
     if e.nnx not in named:
+      if partial:
+        continue
       raise KeyError(f"NNX parameter {e.nnx!r} (HF {e.hf!r}) is missing")
     x = named[e.nnx]
     # An expert slice is taken before the host copy: one expert's tensor crosses at a time.
@@ -167,3 +170,37 @@ def from_hf(hf_tensors: Mapping[str, np.ndarray], config: ModelConfig) -> dict[s
   for path, by_expert in slices.items():
     out[path] = np.stack([by_expert[j] for j in range(len(by_expert))])
   return out
+
+
+# --- LoRA adapters (dockyard.models.lora): which tensors they touch, and PEFT's names ----------
+
+PEFT_PREFIX = "base_model.model."
+
+
+def lora_entries(config: ModelConfig, targets: Iterable[str]) -> list[Entry]:
+  """The table entries of the projections LoRA wraps (`targets`, e.g. 'q_proj'): the only
+  tensors a LoRA step changes, so the only ones a merge-mode refit sends."""
+  suffixes = tuple(f".{t}.kernel" for t in targets)
+  return [e for e in table(config) if e.nnx.startswith("layers.") and e.nnx.endswith(suffixes)]
+
+
+def adapter_paths(entry: Entry) -> tuple[str, str]:
+  """The NNX paths of the adapter on `entry`'s kernel: ('...q_proj.lora.lora_a', '...lora_b')."""
+  stem = entry.nnx.removesuffix(".kernel")
+  return f"{stem}.lora.lora_a", f"{stem}.lora.lora_b"
+
+
+def peft_names(entry: Entry) -> tuple[str, str]:
+  """PEFT's (and so vLLM's LoRA loader's) tensor names of the adapter on `entry`'s weight."""
+  stem = PEFT_PREFIX + entry.hf.removesuffix(".weight")
+  return f"{stem}.lora_A.weight", f"{stem}.lora_B.weight"
+
+
+def adapter_to_peft(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """NNX adapter factors -> PEFT's lora_A [rank, in] and lora_B [out, rank].
+
+  NNX keeps a as [*kernel input dims, rank] and b as [rank, *kernel output dims], so the HF
+  flattening of the kernel (heads-major, as `nnx_to_hf_array` does) is a plain reshape."""
+  rank = a.shape[-1]
+  return (np.ascontiguousarray(np.asarray(a).reshape(-1, rank).T),
+          np.ascontiguousarray(np.asarray(b).reshape(rank, -1).T))

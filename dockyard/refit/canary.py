@@ -6,12 +6,23 @@ name map (q/k swapped, a transpose dropped) or a stale packed weight (CPU vLLM's
 shows up here long before it shows up in a reward curve. Both sides score the raw model (T=1):
 vLLM's prompt logprobs skip its sampler, so they stay raw under the engines'
 `logprobs_mode="processed_logprobs"`, and the probe `TrainBatch` has temperature 1.
+
+A sync that changed nothing passes that bound when the trainer moved less than it since the last
+sync (a small LoRA step: an adapter that never reached the engine looks like ordinary staleness).
+So the canary also remembers the last passing probe scores of both sides and checks that the
+engine FOLLOWED the trainer: once the trainer's scores moved clearly past the measured noise
+(`TRACK_NOISE_FACTOR` x the last sync's max |delta|), the engine's change must match the
+trainer's to within half of it (`tracking_error` = max |Δengine - Δtrainer| / max |Δtrainer|
+<= `MAX_TRACKING_ERROR`); an engine that kept its old weights has tracking_error 1.
 """
 from __future__ import annotations
 
 import dataclasses
 
 import numpy as np
+
+TRACK_NOISE_FACTOR = 8.0   # trainer moves below this x the last sync's delta are noise: untracked
+MAX_TRACKING_ERROR = 0.5
 
 from dockyard.policy import Policy, TrainBatch
 
@@ -24,6 +35,8 @@ class RefitCanaryError(RuntimeError):
 class RefitCanary:
   probe_ids: np.ndarray          # [B, T] token ids, fixed for the run
   max_abs_logprob_delta: float
+  # (trainer, engine, max |delta|) probe scores of the last sync that passed
+  _last: tuple | None = dataclasses.field(default=None, init=False, repr=False)
 
   def __post_init__(self):
     self.probe_ids = np.asarray(self.probe_ids, np.int32)
@@ -38,19 +51,31 @@ class RefitCanary:
     ids = np.random.default_rng(seed).integers(0, vocab_size, size=(batch, length))
     return cls(ids, max_abs_logprob_delta)
 
-  def measure(self, policy: Policy, generator) -> dict[str, float]:
-    """Scores the probe on both sides; returns {'max_abs_logprob_delta', 'mean_abs_logprob_delta'}."""
+  def _score(self, policy: Policy, generator) -> tuple[np.ndarray, np.ndarray]:
     ids = self.probe_ids
     ones = np.ones_like(ids)
     trainer = np.asarray(policy.logprobs(TrainBatch(ids, ones, ones)), np.float64)[:, 1:]
     engine = np.stack([np.asarray(r, np.float64) for r in generator.prompt_logprobs(ids.tolist())])[:, 1:]
+    return trainer, engine
+
+  @staticmethod
+  def _deltas(trainer, engine) -> dict[str, float]:
     delta = np.abs(trainer - engine)
     if not np.all(np.isfinite(delta)):
       return {"max_abs_logprob_delta": float("inf"), "mean_abs_logprob_delta": float("inf")}
     return {"max_abs_logprob_delta": float(delta.max()), "mean_abs_logprob_delta": float(delta.mean())}
 
+  def measure(self, policy: Policy, generator) -> dict[str, float]:
+    """Scores the probe on both sides; returns {'max_abs_logprob_delta', 'mean_abs_logprob_delta'}."""
+    return self._deltas(*self._score(policy, generator))
+
   def check(self, policy: Policy, generator, version: int | None = None) -> dict[str, float]:
-    metrics = self.measure(policy, generator)
+    """Raises `RefitCanaryError` when the engine disagrees with the trainer, or did not follow
+    the trainer's change since the last passing check; returns the metrics."""
+    trainer, engine = self._score(policy, generator)
+    metrics = self._deltas(trainer, engine)
+    if self._last is not None:
+      metrics.update(self._tracking(trainer, engine, version))
     if not metrics["max_abs_logprob_delta"] <= self.max_abs_logprob_delta:
       raise RefitCanaryError(
           f"refit canary failed{'' if version is None else f' at weight version {version}'}: "
@@ -58,4 +83,26 @@ class RefitCanary:
           f"{metrics['mean_abs_logprob_delta']:.3g}) > config.refit.canary.max_abs_logprob_delta="
           f"{self.max_abs_logprob_delta}; the engine's weights do not match the trainer's (check "
           f"the name map: transposes, q/k/v order, tied embeddings)")
+    self._last = (trainer, engine, metrics["max_abs_logprob_delta"])
     return metrics
+
+  def reset(self) -> None:
+    """Forgets the last passing scores (the engine's weights were replaced outside a sync), so
+    the next check applies the absolute bound alone."""
+    self._last = None
+
+  def _tracking(self, trainer, engine, version) -> dict[str, float]:
+    last_trainer, last_engine, last_noise = self._last
+    d_trainer, d_engine = trainer - last_trainer, engine - last_engine
+    moved = float(np.abs(d_trainer).max())
+    out = {"trainer_change": moved, "engine_change": float(np.abs(d_engine).max())}
+    if moved > TRACK_NOISE_FACTOR * max(last_noise, 1e-7):
+      out["tracking_error"] = float(np.abs(d_engine - d_trainer).max()) / moved
+      if not out["tracking_error"] <= MAX_TRACKING_ERROR:
+        raise RefitCanaryError(
+            f"refit canary failed{'' if version is None else f' at weight version {version}'}: the "
+            f"engine did not follow the trainer: since the last sync the trainer's probe logprobs "
+            f"moved by up to {moved:.3g}, the engine's by {out['engine_change']:.3g} (tracking error "
+            f"{out['tracking_error']:.2f} > {MAX_TRACKING_ERROR}); the sync changed nothing, or "
+            f"the wrong thing (a LoRA adapter or merged projection that never reached the engine)")
+    return out

@@ -53,6 +53,8 @@ class Generator(abc.ABC):
   # Seconds this process has spent inside the engine's batches (engine utilization; the async
   # loop reports it). 0 where the engine runs elsewhere and nothing here measures it.
   busy_s: float = 0.0
+  # Whether the engines serve LoRA adapters (`load_lora_adapter`; refit lora_mode='adapter').
+  lora_enabled: bool = False
 
   @abc.abstractmethod
   def generate(self, prompt_ids: Sequence[Sequence[int]], n: int,
@@ -88,6 +90,12 @@ class Generator(abc.ABC):
     """Loads weights from a `wire.write_shared_memory` block (config.refit.transport='shared_memory')."""
     raise NotImplementedError(f"{type(self).__name__} cannot load weights from shared memory "
                               f"(config.refit.transport='shared_memory')")
+
+  def load_lora_adapter(self, path: str, version: int) -> None:
+    """Serves the PEFT adapter directory `path` on top of the base weights as `version`
+    (config.refit.lora_mode='adapter')."""
+    raise NotImplementedError(f"{type(self).__name__} cannot serve LoRA adapters "
+                              f"(config.refit.lora_mode='adapter')")
 
   @property
   @abc.abstractmethod

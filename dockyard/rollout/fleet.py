@@ -34,9 +34,12 @@ class EngineActorImpl:
   share the engine's continuous batching instead of running one after another.
   """
 
-  def __init__(self, model_path: str, rollout: dict, seed: int, version: int):
+  def __init__(self, model_path: str, rollout: dict, seed: int, version: int, lora_rank: int = 0,
+               lora_targets: tuple = ()):
     from dockyard.rollout.vllm_engine import VLLMEngine
-    self.engine = VLLMEngine(model_path, rollout, seed=seed, version=version)
+    self.engine = VLLMEngine(model_path, rollout, seed=seed, version=version, lora_rank=lora_rank,
+                             lora_targets=lora_targets)
+    self._lora_dirs: list[str] = []
     self.batches = 0
     self.in_batch = 0      # requests inside the running vLLM batch
     self._queue: queue.Queue = queue.Queue()
@@ -84,6 +87,21 @@ class EngineActorImpl:
     self.engine.load_shared_memory(block_name, index, version)
     return self.engine.weight_version
 
+  def load_lora_adapter(self, files: dict, version):
+    """Writes the adapter's files (name -> bytes) to a directory of this actor's host and serves
+    it; the previous adapter's directory goes once vLLM has dropped it."""
+    import shutil
+    import tempfile
+    path = tempfile.mkdtemp(prefix=f"dockyard-lora-v{int(version)}-")
+    for name, raw in files.items():
+      with open(os.path.join(path, os.path.basename(name)), "wb") as f:
+        f.write(raw)
+    self.engine.load_lora_adapter(path, version)
+    self._lora_dirs.append(path)
+    while len(self._lora_dirs) > 1:
+      shutil.rmtree(self._lora_dirs.pop(0), ignore_errors=True)
+    return self.engine.weight_version
+
   def nccl_init(self, host, port, rank_offset, world_size, backend):
     return self.engine.collective_rpc("dockyard_group_init", (host, port, rank_offset, world_size, backend))
 
@@ -125,6 +143,13 @@ class RolloutFleet(Generator):
     self.max_restarts = int(self.rollout.get("max_restarts", 3))
     self._version = 0
     self._latest_packed = None       # ObjectRef of the newest weights, for restarted engines
+    self._latest_adapter = None      # ObjectRef of the newest LoRA adapter's files (lora_mode='adapter')
+    # vLLM's LoRA support, when refit ships adapters (refit.lora_mode='adapter' under policy.lora).
+    lora, refit = config.policy.get("lora") if "policy" in config else None, config.get("refit")
+    adapter_mode = bool(lora and lora.enabled and refit and refit.get("lora_mode") == "adapter")
+    self.lora_rank = int(lora.rank) if adapter_mode else 0
+    self.lora_targets = tuple(lora.targets) if adapter_mode else ()
+    self.lora_enabled = adapter_mode
     self._lock = threading.Lock()
     self.restarts = 0
     self._group_restarts = -1      # `restarts` when the broadcast group was last joined
@@ -156,7 +181,8 @@ class RolloutFleet(Generator):
         scheduling_strategy=PlacementGroupSchedulingStrategy(
             placement_group=self.placement_groups[i], placement_group_bundle_index=0,
             placement_group_capture_child_tasks=True),
-        **resources).remote(self.model_path, self.rollout, self.seed + i, version)
+        **resources).remote(self.model_path, self.rollout, self.seed + i, version, self.lora_rank,
+                            self.lora_targets)
 
   def _restart(self, i: int, dead) -> None:
     """Replaces engine `i` if it is still `dead` (concurrent failures restart it once)."""
@@ -175,6 +201,8 @@ class RolloutFleet(Generator):
       self._ray.get(actor.info.remote())
       if self._latest_packed is not None:
         self._ray.get(actor.load_packed.remote(self._latest_packed, self._version))
+      if self._latest_adapter is not None:
+        self._ray.get(actor.load_lora_adapter.remote(self._latest_adapter, self._version))
       self.actors[i] = actor
       self.in_flight[i] = 0
 
@@ -269,6 +297,17 @@ class RolloutFleet(Generator):
   def load_shared_memory(self, block_name: str, index, version: int) -> None:
     self._ray.get([a.load_shared_memory.remote(block_name, index, version) for a in self.actors])
     self._latest_packed, self._version = None, int(version)
+
+  def load_lora_adapter(self, path: str, version: int) -> None:
+    """The PEFT adapter directory `path` (this host) to every engine: its files travel through
+    the object store (engines may be on other nodes) and each actor serves its own copy."""
+    files = {}
+    for name in sorted(os.listdir(path)):
+      with open(os.path.join(path, name), "rb") as f:
+        files[name] = f.read()
+    ref = self._ray.put(files)
+    self._ray.get([a.load_lora_adapter.remote(ref, version) for a in self.actors])
+    self._latest_adapter, self._version = ref, int(version)
 
   # -- the weight-broadcast group (the sender is `dockyard.refit.nccl`, rank 0) ----------------
   @property

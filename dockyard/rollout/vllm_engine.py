@@ -19,6 +19,8 @@ from dockyard.rollout import wire
 from dockyard.rollout.base import BatchedAgenerate, Completion, Generator, SamplingParams
 
 WORKER_EXTENSION = "dockyard.rollout.worker_ext.WorkerExtension"
+# The ranks vLLM's `max_lora_rank` accepts (vllm.config.lora.MaxLoRARanks).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 ENGINE_KEYS = ("max_model_len", "dtype", "gpu_memory_utilization", "cpu_kvcache_space_gib",
                "enforce_eager", "tensor_parallel_size")
 
@@ -129,11 +131,30 @@ def completions_from_output(request_output, version: int) -> list[Completion]:
 class VLLMEngine(BatchedAgenerate, Generator):
   """A vLLM `LLM` (in-process core) with dockyard's weight loading and versioning."""
 
-  def __init__(self, model_path: str, rollout: Mapping[str, Any], seed: int = 0, version: int = 0):
+  def __init__(self, model_path: str, rollout: Mapping[str, Any], seed: int = 0, version: int = 0,
+               lora_rank: int = 0, lora_targets: Sequence[str] = ()):
+    """`lora_rank` > 0: vLLM's LoRA support on (one adapter slot, for `load_lora_adapter`) for
+    the projections `lora_targets` (HF names, e.g. 'q_proj'; required with a rank)."""
     _set_engine_env(rollout)
     import vllm
     self.model_path = model_path
-    self.llm = vllm.LLM(**engine_kwargs(rollout, model_path, seed))
+    kwargs = engine_kwargs(rollout, model_path, seed)
+    if lora_rank > 0:
+      fits = [r for r in VLLM_LORA_RANKS if r >= lora_rank]
+      if not fits:
+        raise ValueError(f"config.policy.lora.rank={lora_rank}: vLLM serves adapters up to rank "
+                         f"{VLLM_LORA_RANKS[-1]}")
+      if not lora_targets:
+        raise ValueError("VLLMEngine(lora_rank=...) needs lora_targets (config.policy.lora.targets)")
+      # Naming the targets keeps vLLM from wrapping lm_head too: with a LoRA-wrapped logits
+      # processor, CPU vLLM 0.32 fails every prompt-logprobs request (the canary's probe) with
+      # "einsum(): subscript b has size 2 for operand 1 which does not broadcast with previously
+      # seen size 31" (punica_cpu.add_lora_logits indexes one row per request, not per token).
+      kwargs.update(enable_lora=True, max_lora_rank=fits[0], max_loras=1,
+                    lora_target_modules=list(lora_targets))
+    self.llm = vllm.LLM(**kwargs)
+    self.lora_enabled = lora_rank > 0
+    self._lora_request = None   # the adapter every request runs with (refit lora_mode='adapter')
     self.seed = seed
     self._version = int(version)
     self._lock = threading.Lock()
@@ -162,7 +183,7 @@ class VLLMEngine(BatchedAgenerate, Generator):
     params = [per_prompt_seed(vp, i) for ps, vp in checked for i in range(len(ps))]
     with self._lock:
       version = self._version
-      outputs = self.llm.generate(prompts, params, use_tqdm=False)
+      outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self._lora_request)
     result, k = [], 0
     for ps, _ in checked:
       result.append([completions_from_output(o, version) for o in outputs[k:k + len(ps)]])
@@ -176,7 +197,8 @@ class VLLMEngine(BatchedAgenerate, Generator):
     seqs = check_prompts(sequences, self.vocab_size)
     params = vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
     with self._lock:
-      outputs = self.llm.generate([{"prompt_token_ids": s} for s in seqs], params, use_tqdm=False)
+      outputs = self.llm.generate([{"prompt_token_ids": s} for s in seqs], params, use_tqdm=False,
+                                  lora_request=self._lora_request)
     result = []
     for seq, out in zip(seqs, outputs):
       row = np.zeros(len(seq), np.float64)
@@ -211,6 +233,27 @@ class VLLMEngine(BatchedAgenerate, Generator):
         raise ValueError(f"no weights arrived at the vLLM workers (loaded per worker: {counts})")
       self._version = version
       # Cached prefixes hold keys/values computed with the old weights.
+      self.llm.reset_prefix_cache()
+
+  def load_lora_adapter(self, path: str, version: int) -> None:
+    """Serves the PEFT adapter directory `path` (on this host) on top of the base weights from
+    now on, as weight version `version`: vLLM loads it now (errors surface here, not at the next
+    request), every later request runs with it, and the previous adapter is dropped. The
+    directory must stay until the next adapter replaces it (vLLM may reload an evicted one)."""
+    from vllm.lora.request import LoRARequest
+    if not self.lora_enabled:
+      raise ValueError("this engine was built without LoRA (VLLMEngine(lora_rank=...)); refit "
+                       "lora_mode='adapter' needs it")
+    version = int(version)
+    with self._lock:
+      if version <= self._version:
+        raise ValueError(f"weight version must increase: engine has {self._version}, got {version}")
+      request = LoRARequest(f"dockyard-v{version}", version, path)
+      if not self.llm.llm_engine.add_lora(request):
+        raise ValueError(f"vLLM did not load the LoRA adapter at {path!r}")
+      old, self._lora_request, self._version = self._lora_request, request, version
+      if old is not None:
+        self.llm.llm_engine.remove_lora(old.lora_int_id)
       self.llm.reset_prefix_cache()
 
   def set_version(self, version: int) -> None:

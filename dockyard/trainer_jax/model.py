@@ -43,9 +43,12 @@ class HeadsProj(nnx.Module):
     self.bias = (_param(rngs, (heads, head_dim), ("heads", None), param_dtype, nnx.initializers.zeros_init())
                  if bias else None)
     self.dtype = dtype
+    self.lora = None  # a trainer_jax.lora.LoRAAdapter when LoRA targets this projection
 
   def __call__(self, x):
     y = jnp.einsum("bte,ehd->bthd", x, self.kernel.astype(self.dtype))
+    if self.lora is not None:
+      y = y + self.lora(x)
     return y + self.bias.astype(self.dtype) if self.bias is not None else y
 
 
@@ -56,9 +59,12 @@ class OutProj(nnx.Module):
     self.kernel = _param(rngs, (heads, head_dim, embed), ("heads", None, "embed"), param_dtype)
     self.bias = _param(rngs, (embed,), (None,), param_dtype, nnx.initializers.zeros_init()) if bias else None
     self.dtype = dtype
+    self.lora = None  # a trainer_jax.lora.LoRAAdapter when LoRA targets this projection
 
   def __call__(self, x):
     y = jnp.einsum("bthd,hde->bte", x, self.kernel.astype(self.dtype))
+    if self.lora is not None:
+      y = y + self.lora(x)
     return y + self.bias.astype(self.dtype) if self.bias is not None else y
 
 
@@ -67,9 +73,12 @@ class Dense(nnx.Module):
     self.kernel = _param(rngs, (din, dout), axes, param_dtype)
     self.bias = _param(rngs, (dout,), (axes[1],), param_dtype, nnx.initializers.zeros_init()) if bias else None
     self.dtype = dtype
+    self.lora = None  # a trainer_jax.lora.LoRAAdapter when LoRA targets this projection
 
   def __call__(self, x):
     y = x @ self.kernel.astype(self.dtype)
+    if self.lora is not None:
+      y = y + self.lora(x)
     return y + self.bias.astype(self.dtype) if self.bias is not None else y
 
 

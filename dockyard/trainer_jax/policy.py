@@ -23,11 +23,13 @@ from typing import Any, Iterator, Mapping
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from dockyard import config_lib, packing
 from dockyard.policy import LossFn, Policy, TrainBatch, check_layout
 from dockyard.models import name_map
-from dockyard.trainer_jax import hf_io, train
+from dockyard.models.lora import LoRAConfig, check_matches as check_lora_matches, write_peft_adapter
+from dockyard.trainer_jax import hf_io, lora, train
 from dockyard.trainer_jax import moe as moe_lib
 from dockyard.trainer_jax import sharding as shd
 from dockyard.trainer_jax.checkpoint import Checkpointer
@@ -53,8 +55,10 @@ def _get(config, path: str, default):
 class JaxPolicy(Policy):
   def __init__(self, model, optimizer, mesh, rules, optim: Mapping[str, Any], total_steps: int,
                *, micro_batch_size: int, bucket: int = 64, source_dir: str | None = None,
-               packing_row_tokens: int = 0, moe: moe_lib.MoEOptions = moe_lib.MoEOptions()):
+               packing_row_tokens: int = 0, moe: moe_lib.MoEOptions = moe_lib.MoEOptions(),
+               lora_config: LoRAConfig | None = None):
     self.model, self.optimizer, self.mesh, self.rules = model, optimizer, mesh, tuple(rules)
+    self.lora_config = lora_config
     self.optim, self.total_steps = dict(optim), int(total_steps)
     self.micro_batch_size, self.bucket, self.source_dir = int(micro_batch_size), int(bucket), source_dir
     self.moe = moe
@@ -87,12 +91,17 @@ class JaxPolicy(Policy):
     model = hf_io.from_hf(path, mesh, rules, dtype=dtype, param_dtype=param_dtype,
                           remat=bool(config.policy.remat))
     total = config_lib.train_steps(config) or int(config.optim.decay_steps)
-    optimizer = train.make_optimizer(model, config.optim, total, mesh)
+    lora_config = LoRAConfig.from_config(config)
+    if lora_config is not None:  # adapters on the frozen base; the optimizer holds them alone
+      lora.attach(model, lora_config, mesh, rules, seed=int(_get(config, "run.seed", 0)))
+    optimizer = train.make_optimizer(model, config.optim, total, mesh,
+                                     wrt=nnx.Param if lora_config is None else lora.ADAPTER_FILTER)
     return cls(model, optimizer, mesh, rules, config.optim, total,
                micro_batch_size=int(config.optim.micro_batch_size),
                bucket=int(config.policy.seq_bucket), source_dir=path,
                packing_row_tokens=int(_get(config, "policy.packing_row_tokens", 0)),
-               moe=moe_lib.MoEOptions.from_config(_get(config, "policy.moe", None)))
+               moe=moe_lib.MoEOptions.from_config(_get(config, "policy.moe", None)),
+               lora_config=lora_config)
 
   # --- batches -------------------------------------------------------------------------------
 
@@ -218,13 +227,26 @@ class JaxPolicy(Policy):
     out["lr"] = lr
     return out
 
-  def named_weights(self) -> Iterator[tuple[str, np.ndarray]]:
+  def named_weights(self, touched_only: bool = False) -> Iterator[tuple[str, np.ndarray]]:
+    """HF-named weights, LoRA adapters merged. `touched_only`: under LoRA, only the adapted
+    projections (`W + scale * B A`), the tensors a step can change; without LoRA, all."""
     # Device arrays go in; the name-map gathers one tensor at a time as it yields, so the host
     # never holds a second full copy of the model.
+    if touched_only and self.lora_config is not None:
+      yield from name_map.to_hf(lora.merged_kernels(self.model), self.model.config, partial=True)
+      return
     yield from name_map.to_hf(hf_io.named_params(self.model), self.model.config)
 
   def save_hf(self, path: str, **kw) -> None:
+    """An HF directory of the policy's weights (LoRA adapters merged into their projections)."""
     hf_io.save_hf(self.model, path, self.source_dir, **kw)
+
+  def save_adapter(self, path: str) -> int:
+    """The LoRA adapters as a PEFT adapter directory (what vLLM's LoRARequest loads); returns
+    the bytes of its tensors."""
+    if self.lora_config is None:
+      raise ValueError("save_adapter needs LoRA (config.policy.lora.enabled=True)")
+    return write_peft_adapter(path, lora.peft_tensors(self.model), self.lora_config)
 
   def checkpointer(self, directory: str) -> Checkpointer:
     """The (cached) manager of `directory`: it keeps the newest checkpoint."""
@@ -234,16 +256,30 @@ class JaxPolicy(Policy):
       # cached manager's list of steps is stale and its retention would try to delete them.
       del self._checkpointers[key]
     if key not in self._checkpointers:
-      self._checkpointers[key] = Checkpointer(directory)
+      # Under LoRA a checkpoint holds the adapters (and their dropout streams), not the base.
+      model_filter = ... if self.lora_config is None else nnx.Any(lora.ADAPTER_FILTER, nnx.RngState)
+      self._checkpointers[key] = Checkpointer(directory, model_filter=model_filter)
     return self._checkpointers[key]
 
   def save(self, directory: str, *, data_iter=None) -> None:
-    """Saves weights, optimizer, step (+ the grain iterator) as `directory/<step>/`."""
-    self.checkpointer(directory).save(self.step, self.model, self.optimizer, data_iter=data_iter)
+    """Saves weights (under LoRA: the adapters alone), optimizer, step (+ the grain iterator) as
+    `directory/<step>/`."""
+    extra = {"lora": None if self.lora_config is None else self.lora_config.to_json()}
+    self.checkpointer(directory).save(self.step, self.model, self.optimizer, data_iter=data_iter,
+                                      extra=extra)
 
   def restore(self, directory: str, *, data_iter=None, step: int | None = None) -> dict:
-    """Restores the newest checkpoint (or `step`) in place; returns its bookkeeping JSON."""
-    return self.checkpointer(directory).restore(self.model, self.optimizer, step=step, data_iter=data_iter)
+    """Restores the newest checkpoint (or `step`) in place; returns its bookkeeping JSON. An
+    adapter checkpoint loads onto a policy built from the same base with the same LoRA shapes."""
+    ckpt = self.checkpointer(directory)
+    saved = ckpt.meta(step).get("lora")
+    if (saved is None) != (self.lora_config is None):
+      raise ValueError(f"policy.lora.enabled: the checkpoint in {directory!r} was saved "
+                       f"{'without' if saved is None else 'with'} LoRA, the policy has it "
+                       f"{'on' if self.lora_config is not None else 'off'}")
+    if saved is not None:
+      check_lora_matches(saved, self.lora_config, directory)
+    return ckpt.restore(self.model, self.optimizer, step=step, data_iter=data_iter)
 
   @property
   def step(self) -> int:

@@ -59,11 +59,14 @@ def make_tx(optim: Mapping[str, Any], total_steps: int) -> optax.GradientTransfo
       lr_override=-1.0, schedule_offset=np.zeros((), np.int32), override_start=np.zeros((), np.int32))
 
 
-def make_optimizer(model: Decoder, optim: Mapping[str, Any], total_steps: int, mesh=None) -> nnx.Optimizer:
+def make_optimizer(model: Decoder, optim: Mapping[str, Any], total_steps: int, mesh=None,
+                   wrt=nnx.Param) -> nnx.Optimizer:
   """AdamW state beside the model; moments inherit the parameters' shardings, and scalars (step,
   count, lr override) are replicated onto `mesh` so that every step sees the same input types
-  (an uncommitted scalar on the first call would otherwise cost a second compile)."""
-  optimizer = nnx.Optimizer(model, make_tx(optim, total_steps), wrt=nnx.Param)
+  (an uncommitted scalar on the first call would otherwise cost a second compile). `wrt` picks
+  what trains: every `nnx.Param`, or `nnx.LoRAParam` alone under LoRA (moments for the adapters
+  only; `train_step` differentiates what the optimizer holds)."""
+  optimizer = nnx.Optimizer(model, make_tx(optim, total_steps), wrt=wrt)
   if mesh is not None:
     replicated = NamedSharding(mesh, P())
     state = nnx.state(optimizer)
@@ -142,14 +145,21 @@ def train_step(model: Decoder, optimizer: nnx.Optimizer, batch: Mapping[str, Any
   micro-batches) to the loss, reports them and its expert load, and updates its balancing bias
   (`dockyard.trainer_jax.moe`).
   """
-  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  # Differentiate what the optimizer trains (all Params, or the LoRA adapters alone); the random
+  # streams (LoRA dropout; empty otherwise) are carried through the micro-batches so each draws
+  # fresh masks, and written back so the next step does too.
+  graphdef, params, rngs, rest = nnx.split(model, optimizer.wrt, nnx.RngState, ...)
   temperature = batch.get("temperature", 1.0)
   num_micro = batch.get("num_micro", batch["input_ids"].shape[0])
   sparse = model.config.is_moe
 
-  def micro_loss(params, mb):
-    # copy: fresh Variables in this trace, which the sparse layers' router statistics are written to.
-    m = nnx.merge(graphdef, params, rest, copy=sparse)
+  def micro_loss(params, rngs, mb):
+    # Fresh Variables for the dropout streams at this trace level (grad passes non-differentiated
+    # arguments through as they are, and a Variable is mutable only where it was made); copy:
+    # fresh Variables in this trace, which the sparse layers' router statistics are written to.
+    rngs = jax.tree.map(lambda x: x, rngs)
+    m = nnx.merge(graphdef, params, rngs, rest, copy=sparse)
+    m.train()  # this traced copy only: LoRA dropout on; `model` itself stays deterministic
     if "segment_ids" in mb:   # packed rows: score them, then gather back to [S, T] (sequences)
       logprobs = packed_logprobs(m, mb, temperature)
     else:
@@ -158,28 +168,37 @@ def train_step(model: Decoder, optimizer: nnx.Optimizer, batch: Mapping[str, Any
     extras = {**mb["extras"], **batch["totals"]}
     loss, metrics = loss_fn(logprobs, mb["loss_mask"], extras)
     metrics = dict(metrics)
+    streams = nnx.state(m, nnx.RngState)
     if not sparse:
-      return loss, (metrics, {})
+      return loss, (metrics, {}, streams)
     stats = moe_lib.router_stats(m)
     aux, z = moe_lib.aux_loss(stats), moe_lib.z_loss(stats)
     # Each micro-batch's router loss counts 1/num_micro: the step optimises their mean.
     loss = loss + (moe.aux_loss_coef * aux + moe.z_loss_coef * z) / num_micro
     metrics.update(moe_aux_loss=jax.lax.stop_gradient(aux) / num_micro,
                    moe_z_loss=jax.lax.stop_gradient(z) / num_micro)
-    return loss, (metrics, {"load": jax.lax.stop_gradient(stats["load"])})
+    return loss, (metrics, {"load": jax.lax.stop_gradient(stats["load"])}, streams)
 
   grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+
+  def summed(params, rngs, mb):  # ((loss, aux), grads) to accumulate, and the advanced streams
+    (loss, (metrics, router, rngs)), grads = grad_fn(params, rngs, mb)
+    return ((loss, (metrics, router)), grads), rngs
+
   keys = PACKED_KEYS if "segment_ids" in batch else ("input_ids", "attention_mask")
   micro = {k: batch[k] for k in keys + ("loss_mask", "extras")}
   first = jax.tree.map(lambda x: x[0], micro)
-  out_shape = jax.eval_shape(grad_fn, params, first)
+  out_shape = jax.eval_shape(summed, params, rngs, first)[0]
   zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), out_shape)
 
-  def body(i, acc):
+  def body(i, carry):
+    acc, rngs = carry
     mb = jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, i, keepdims=False), micro)
-    return _tree_add(acc, grad_fn(params, mb))
+    out, rngs = summed(params, rngs, mb)
+    return _tree_add(acc, out), rngs
 
-  (loss, (metrics, router)), grads = jax.lax.fori_loop(0, num_micro, body, zeros)
+  ((loss, (metrics, router)), grads), rngs = jax.lax.fori_loop(0, num_micro, body, (zeros, rngs))
+  nnx.update(model, rngs)
   grad_norm = optax.global_norm(grads)
   optimizer.update(model, grads)
   if sparse:

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 META, DATA_JSON, DATA_BIN = "meta.json", "data_state.json", "data_state.bin"
 
@@ -33,11 +33,23 @@ def _barrier() -> None:
 
 
 class Checkpointer:
-  def __init__(self, directory: str, *, keep_latest: int = 1):
+  def __init__(self, directory: str, *, keep_latest: int = 1, trainable_only: bool = False):
+    """`trainable_only`: save and restore only parameters with requires_grad (the LoRA adapters;
+    the frozen base is rebuilt from its HF checkpoint, not written per step)."""
     if keep_latest < 1:
       raise ValueError(f"checkpoint keep_latest must be >= 1, got {keep_latest}")
     self.directory = os.path.abspath(directory)
     self.keep_latest = keep_latest
+    self.trainable_only = trainable_only
+    self.options = StateDictOptions(ignore_frozen_params=trainable_only, strict=not trainable_only)
+
+  def _model_state(self, model: torch.nn.Module, model_sd: dict) -> dict:
+    if not self.trainable_only:
+      return model_sd
+    # ignore_frozen_params keeps a tied weight under its second name (lm_head.weight): filter
+    # by what actually trains.
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    return {k: v for k, v in model_sd.items() if k in trainable}
 
   def all_steps(self) -> list[int]:
     if not os.path.isdir(self.directory):
@@ -57,8 +69,8 @@ class Checkpointer:
       shutil.rmtree(tmp, ignore_errors=True)
       os.makedirs(tmp)
     _barrier()
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=self.options)
+    dcp.save({"model": self._model_state(model, model_sd), "optim": optim_sd}, checkpoint_id=tmp)
     if _rank() == 0:  # every rank holds the same bookkeeping and data iterator (SPMD loop)
       meta = {"step": int(step), **(extra or {})}
       with open(os.path.join(tmp, META), "w") as f:
@@ -85,6 +97,14 @@ class Checkpointer:
       if s not in keep:
         shutil.rmtree(os.path.join(self.directory, str(s)), ignore_errors=True)
 
+  def meta(self, step: int | None = None) -> dict:
+    """The bookkeeping (meta.json) of the newest checkpoint (or `step`), without loading it."""
+    step = self.latest_step() if step is None else step
+    if step is None:
+      raise FileNotFoundError(f"no checkpoint in {self.directory}")
+    with open(os.path.join(self.directory, str(int(step)), META)) as f:
+      return json.load(f)
+
   def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
               step: int | None = None, data_iter=None) -> dict:
     """Restores in place (onto the current sharding); returns the saved bookkeeping (meta.json)."""
@@ -94,10 +114,12 @@ class Checkpointer:
     path = os.path.join(self.directory, str(int(step)))
     if not os.path.exists(os.path.join(path, ".metadata")):
       raise FileNotFoundError(f"{path!r} is not a torch distributed checkpoint (no .metadata)")
-    model_sd, optim_sd = get_state_dict(model, optimizer)  # also materializes empty AdamW state
-    state = {"model": model_sd, "optim": optim_sd}
+    # also materializes empty AdamW state
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=self.options)
+    state = {"model": self._model_state(model, model_sd), "optim": optim_sd}
     dcp.load(state, checkpoint_id=path)
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                   options=self.options)
     with open(os.path.join(path, META)) as f:
       meta = json.load(f)
     if data_iter is not None:

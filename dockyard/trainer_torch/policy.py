@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 from typing import Any, Iterator
 
 import numpy as np
@@ -31,7 +32,8 @@ from dockyard import config_lib, packing
 from dockyard.policy import LossFn, Policy, TrainBatch, check_layout
 from dockyard.models import name_map
 from dockyard.models.model_config import ModelConfig  # pure Python: the name-map's config
-from dockyard.trainer_torch import checkpoint, dist, optim
+from dockyard.models.lora import LoRAConfig, check_matches as check_lora_matches, write_peft_adapter
+from dockyard.trainer_torch import checkpoint, dist, lora, optim
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -110,6 +112,11 @@ class TorchPolicy(Policy):
             hf_config, dtype=param_dtype, attn_implementation="sdpa")
       full_state = {}
     model.config.use_cache = False
+    self.lora_config = LoRAConfig.from_config(config)
+    if self.lora_config is not None:  # peft adapters in place, every other parameter frozen
+      model = lora.inject(model, self.lora_config)
+      if dist.rank() == 0:   # the adapters' initial values travel with the base from rank 0
+        full_state = model.state_dict()
     if config.policy.remat:  # recompute each layer in the backward pass to save memory
       model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=dict(use_reentrant=False))
     mesh = dist.fsdp_mesh()
@@ -128,7 +135,8 @@ class TorchPolicy(Policy):
         module.set_force_sum_reduction_for_comms(True)
     self.model = model
     self._check_names()
-    self.optimizer = optim.make_optimizer(model.parameters(), self._optim)
+    # AdamW state for what trains: every parameter, or the LoRA adapters alone.
+    self.optimizer = optim.make_optimizer([p for p in model.parameters() if p.requires_grad], self._optim)
     self._step = 0
     self._lr_override: float | None = None
     # Steps taken under an override do not advance the schedule (as in JaxPolicy): they are
@@ -311,21 +319,30 @@ class TorchPolicy(Policy):
   # ---- refit ------------------------------------------------------------------------------------
 
   def _check_names(self) -> None:
-    """HF module names are already HF names; the refit name-map must agree on the set."""
+    """HF module names are already HF names (peft's `base_layer` aside); the refit name-map must
+    agree on the set."""
     table = name_map.table(self.model_config)
     expected = {e.hf for e in table}
-    have = {n for n, _ in self.model.named_parameters()}
+    have = {lora.base_name(n) for n, _ in self.model.named_parameters() if not lora.is_adapter(n)}
     if have != expected:
       raise KeyError(f"HF parameters and the {self.model_config.family} name-map disagree: "
                      f"missing from model {sorted(expected - have)[:5]}, "
                      f"unknown to name-map {sorted(have - expected)[:5]}")
 
-  def named_weights(self) -> Iterator[tuple[str, np.ndarray]]:
-    """Streams (hf_name, array) in the name-map's order, one parameter gathered at a time.
+  def named_weights(self, touched_only: bool = False) -> Iterator[tuple[str, np.ndarray]]:
+    """Streams (hf_name, array) in the name-map's order, one parameter gathered at a time; LoRA
+    adapters merged (`W + scale * B A`). `touched_only`: under LoRA, only the adapted
+    projections (what a step can change); without LoRA, everything.
 
     A gather (`full_tensor`) is a collective: under torchrun every rank must iterate this."""
-    params = dict(self.model.named_parameters())
+    params = {lora.base_name(n): p for n, p in self.model.named_parameters() if not lora.is_adapter(n)}
+    adapted = lora.lora_modules(self.model)
     for entry in name_map.table(self.model_config):
+      if entry.hf in adapted:
+        yield entry.hf, _to_numpy(lora.merged(adapted[entry.hf]))
+        continue
+      if touched_only and self.lora_config is not None:
+        continue
       p = params[entry.hf].detach()
       local = p.to_local() if hasattr(p, "to_local") else p
       full = p.full_tensor() if hasattr(p, "full_tensor") else p
@@ -333,25 +350,64 @@ class TorchPolicy(Policy):
         full = full.clone()
       yield entry.hf, _to_numpy(full)
 
+  def save_hf(self, path: str) -> None:
+    """An HF directory (safetensors + the source's config and tokenizer files) of the policy's
+    weights, LoRA adapters merged. Every rank must call it (gathers); rank 0 writes."""
+    from safetensors.numpy import save_file
+    tensors = dict(self.named_weights())
+    if dist.rank() == 0:
+      os.makedirs(path, exist_ok=True)
+      save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+      for name in os.listdir(self.model_path):
+        src = os.path.join(self.model_path, name)
+        if os.path.isfile(src) and not name.endswith((".safetensors", ".safetensors.index.json", ".bin")):
+          shutil.copy(src, os.path.join(path, name))
+
+  def save_adapter(self, path: str) -> int:
+    """The LoRA adapters as a PEFT adapter directory (what vLLM's LoRARequest loads); returns
+    the bytes of its tensors. Every rank must call it (gathers); rank 0 writes."""
+    if self.lora_config is None:
+      raise ValueError("save_adapter needs LoRA (config.policy.lora.enabled=True)")
+    entries = {e.hf: e for e in name_map.table(self.model_config)}
+    tensors = {}
+    for hf, module in lora.lora_modules(self.model).items():
+      a_name, b_name = name_map.peft_names(entries[hf])
+      a, b = lora.factors(module)
+      tensors[a_name], tensors[b_name] = _to_numpy(a), _to_numpy(b)
+    return write_peft_adapter(path, tensors, self.lora_config) if dist.rank() == 0 else 0
+
   # ---- checkpoints (the same calls as JaxPolicy's, so the loop needs no backend branch) ----------
 
   def checkpointer(self, directory: str) -> checkpoint.Checkpointer:
-    """The (cached) manager of `directory`: it keeps the newest checkpoint."""
+    """The (cached) manager of `directory`: it keeps the newest checkpoint (under LoRA: of the
+    adapters alone, the frozen base is not written)."""
     key = os.path.abspath(directory)
     if key not in self._checkpointers:
-      self._checkpointers[key] = checkpoint.Checkpointer(directory)
+      self._checkpointers[key] = checkpoint.Checkpointer(directory,
+                                                         trainable_only=self.lora_config is not None)
     return self._checkpointers[key]
 
   def save(self, directory: str, *, data_iter=None) -> None:
-    """Saves model, AdamW state and step as `directory/<step>/` (DCP)."""
+    """Saves model (under LoRA: the adapters), AdamW state and step as `directory/<step>/` (DCP)."""
     self.checkpointer(directory).save(self._step, self.model, self.optimizer, data_iter=data_iter,
                                       extra={"lr_override": self._lr_override,
                                              "schedule_offset": self._schedule_offset,
-                                             "override_start": self._override_start})
+                                             "override_start": self._override_start,
+                                             "lora": None if self.lora_config is None
+                                             else self.lora_config.to_json()})
 
   def restore(self, directory: str, *, data_iter=None, step: int | None = None) -> dict:
-    """Restores the latest (or `step`) checkpoint under `directory`; returns its bookkeeping."""
-    meta = self.checkpointer(directory).restore(self.model, self.optimizer, step=step, data_iter=data_iter)
+    """Restores the latest (or `step`) checkpoint under `directory`; returns its bookkeeping. An
+    adapter checkpoint loads onto a policy built from the same base with the same LoRA shapes."""
+    ckpt = self.checkpointer(directory)
+    saved = ckpt.meta(step).get("lora")
+    if (saved is None) != (self.lora_config is None):
+      raise ValueError(f"policy.lora.enabled: the checkpoint in {directory!r} was saved "
+                       f"{'without' if saved is None else 'with'} LoRA, the policy has it "
+                       f"{'on' if self.lora_config is not None else 'off'}")
+    if saved is not None:
+      check_lora_matches(saved, self.lora_config, directory)
+    meta = ckpt.restore(self.model, self.optimizer, step=step, data_iter=data_iter)
     self._step = int(meta["step"])
     self._lr_override = meta.get("lr_override")
     self._schedule_offset = int(meta.get("schedule_offset", 0))

@@ -34,7 +34,7 @@ def user_env() -> dict[str, str]:
 
 def test_benches_found():
   # a glob that matched nothing would make the smoke test below vacuous
-  assert {"agent_sessions", "async_vs_sync", "generate", "packing", "refit", "sandbox",
+  assert {"agent_sessions", "async_vs_sync", "generate", "lora", "packing", "refit", "sandbox",
           "trainer"} <= set(BENCHES), BENCHES
 
 

@@ -1,0 +1,98 @@
+"""LoRA settings shared by both trainers, the validator and refit (`config.policy.lora`).
+
+A LoRA adapter on a projection W (HF layout [out, in]) adds `scale * B @ A` with A [rank, in],
+B [out, rank] and `scale = alpha / rank`; the base W stays frozen and only A and B train. The
+JAX trainer (`dockyard.trainer_jax.lora`) and the torch trainer (peft, `dockyard.trainer_torch.lora`)
+read the same section; refit merges the adapters into the touched projections or ships them
+as a PEFT adapter directory to vLLM (`dockyard.refit.synchronizer`). NumPy and stdlib only, so
+the validator can use it before any framework loads (safetensors is imported only to write).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Mapping
+
+import numpy as np
+
+# The projections an adapter may wrap, by their HF module names (the JAX decoder uses the same).
+ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP = ("gate_proj", "up_proj", "down_proj")
+TARGETS = ATTENTION + MLP
+KEYS = ("enabled", "rank", "alpha", "dropout", "targets")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoRAConfig:
+  rank: int
+  alpha: float
+  dropout: float
+  targets: tuple[str, ...]
+
+  @property
+  def scale(self) -> float:
+    return self.alpha / self.rank
+
+  @classmethod
+  def from_config(cls, config: Any) -> "LoRAConfig | None":
+    """`config.policy.lora` as a LoRAConfig, or None when it is absent or disabled. Raises
+    ValueError starting with the offending key ('policy.lora.<key>: ...')."""
+    policy = config["policy"] if "policy" in config else None
+    if policy is None or "lora" not in policy:
+      return None
+    section = policy["lora"]
+    unknown = sorted(set(section.keys()) - set(KEYS))
+    if unknown:
+      raise ValueError(f"policy.lora: unknown keys {unknown} (known: {list(KEYS)})")
+    if not section["enabled"]:
+      return None
+    rank, alpha, dropout = section["rank"], section["alpha"], section["dropout"]
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+      raise ValueError(f"policy.lora.rank: must be an integer >= 1, got {rank!r}")
+    if not (isinstance(alpha, (int, float)) and alpha > 0):
+      raise ValueError(f"policy.lora.alpha: must be a number > 0, got {alpha!r}")
+    if not (isinstance(dropout, (int, float)) and 0 <= dropout < 1):
+      raise ValueError(f"policy.lora.dropout: must be in [0, 1), got {dropout!r}")
+    targets = section["targets"]
+    targets = (targets,) if isinstance(targets, str) else tuple(targets)
+    bad = [t for t in targets if t not in TARGETS]
+    if not targets or bad or len(set(targets)) != len(targets):
+      raise ValueError(f"policy.lora.targets: must name distinct projections of {list(TARGETS)}, "
+                       f"got {list(targets)}")
+    return cls(int(rank), float(alpha), float(dropout), targets)
+
+  def to_json(self) -> dict:
+    return dict(rank=self.rank, alpha=self.alpha, dropout=self.dropout, targets=list(self.targets))
+
+
+def check_matches(saved: dict, current: LoRAConfig, where: str) -> None:
+  """An adapter checkpoint only loads onto the same shapes and scale: say which key differs."""
+  now = current.to_json()
+  for key in ("rank", "alpha", "targets"):
+    if saved.get(key) != now[key]:
+      raise ValueError(f"policy.lora.{key}: the adapter checkpoint {where!r} was saved with "
+                       f"{key}={saved.get(key)!r}, the policy has {now[key]!r}")
+
+
+ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
+
+
+def write_peft_adapter(path: str, tensors: Mapping[str, np.ndarray], cfg: LoRAConfig) -> int:
+  """Writes a PEFT adapter directory (adapter_config.json + adapter_model.safetensors), the
+  format vLLM's `LoRARequest` and `peft.PeftModel.from_pretrained` load; `tensors` are named as
+  `name_map.peft_names` gives. Returns the bytes of the tensors. The file is written under a
+  temporary name and renamed, so a reader never sees half of it."""
+  from safetensors.numpy import save_file
+  os.makedirs(path, exist_ok=True)
+  config = dict(peft_type="LORA", task_type="CAUSAL_LM", r=cfg.rank, lora_alpha=cfg.alpha,
+                lora_dropout=cfg.dropout, target_modules=list(cfg.targets), bias="none",
+                fan_in_fan_out=False, use_rslora=False, use_dora=False, modules_to_save=None,
+                base_model_name_or_path=None, inference_mode=True)
+  with open(os.path.join(path, ADAPTER_CONFIG), "w") as f:
+    json.dump(config, f, indent=2)
+  tmp = os.path.join(path, ADAPTER_WEIGHTS + ".tmp")
+  arrays = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
+  save_file(arrays, tmp, metadata={"format": "pt"})
+  os.replace(tmp, os.path.join(path, ADAPTER_WEIGHTS))
+  return sum(a.nbytes for a in arrays.values())
