@@ -30,6 +30,16 @@ def engine(config, tiny_path):
   return VLLMEngine(tiny_path, config.rollout, seed=0)
 
 
+@pytest.fixture(scope="session")
+def keep_engine():
+  """Keeps an engine that a test builds for itself (another model, LoRA on) alive to the end of
+  the session. In-process vLLM engines share process-global model-parallel state, and tearing one
+  down (when it is garbage-collected) destroys that state under the session `engine` that later
+  tests use ("pipeline model parallel group is not initialized")."""
+  kept = []
+  yield kept.append
+
+
 @pytest.fixture()
 def policy(tiny_path):
   from tests.rollout.hf_policy import HFTorchPolicy

@@ -56,7 +56,7 @@ def _batch(seed=0, b=8, t=24, vocab=1024):
   return TrainBatch(ids, np.ones_like(ids), lm)
 
 
-def test_lora_refit_merge_and_adapter_modes_pass_the_canary(config, tiny_path):
+def test_lora_refit_merge_and_adapter_modes_pass_the_canary(config, tiny_path, keep_engine):
   import jax
   from dockyard.rollout.vllm_engine import VLLMEngine
   from dockyard.trainer_jax import loss as losses
@@ -68,6 +68,7 @@ def test_lora_refit_merge_and_adapter_modes_pass_the_canary(config, tiny_path):
   cfg.optim.lr = 3e-3
   policy = JaxPolicy.from_hf(tiny_path, cfg, devices=jax.devices()[:1])
   engine = VLLMEngine(tiny_path, cfg.rollout, seed=0, lora_rank=8, lora_targets=cfg.policy.lora.targets)
+  keep_engine(engine)
 
   def step(seed):
     policy.train_step(_batch(seed), losses.nll_loss)
