@@ -66,8 +66,15 @@ class LoRAConfig:
     return dict(rank=self.rank, alpha=self.alpha, dropout=self.dropout, targets=list(self.targets))
 
 
-def check_matches(saved: dict, current: LoRAConfig, where: str) -> None:
-  """An adapter checkpoint only loads onto the same shapes and scale: say which key differs."""
+def check_matches(saved: dict | None, current: LoRAConfig | None, where: str) -> None:
+  """A checkpoint's LoRA record (None: saved without LoRA) against the policy's LoRA config (None:
+  off): both off, or an adapter checkpoint onto the same shapes and scale; says which key differs."""
+  if (saved is None) != (current is None):
+    raise ValueError(f"policy.lora.enabled: the checkpoint in {where!r} was saved "
+                     f"{'without' if saved is None else 'with'} LoRA, the policy has it "
+                     f"{'on' if current is not None else 'off'}")
+  if saved is None:
+    return
   now = current.to_json()
   for key in ("rank", "alpha", "targets"):
     if saved.get(key) != now[key]:

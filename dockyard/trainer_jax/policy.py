@@ -272,13 +272,7 @@ class JaxPolicy(Policy):
     """Restores the newest checkpoint (or `step`) in place; returns its bookkeeping JSON. An
     adapter checkpoint loads onto a policy built from the same base with the same LoRA shapes."""
     ckpt = self.checkpointer(directory)
-    saved = ckpt.meta(step).get("lora")
-    if (saved is None) != (self.lora_config is None):
-      raise ValueError(f"policy.lora.enabled: the checkpoint in {directory!r} was saved "
-                       f"{'without' if saved is None else 'with'} LoRA, the policy has it "
-                       f"{'on' if self.lora_config is not None else 'off'}")
-    if saved is not None:
-      check_lora_matches(saved, self.lora_config, directory)
+    check_lora_matches(ckpt.meta(step).get("lora"), self.lora_config, directory)
     return ckpt.restore(self.model, self.optimizer, step=step, data_iter=data_iter)
 
   @property

@@ -400,13 +400,7 @@ class TorchPolicy(Policy):
     """Restores the latest (or `step`) checkpoint under `directory`; returns its bookkeeping. An
     adapter checkpoint loads onto a policy built from the same base with the same LoRA shapes."""
     ckpt = self.checkpointer(directory)
-    saved = ckpt.meta(step).get("lora")
-    if (saved is None) != (self.lora_config is None):
-      raise ValueError(f"policy.lora.enabled: the checkpoint in {directory!r} was saved "
-                       f"{'without' if saved is None else 'with'} LoRA, the policy has it "
-                       f"{'on' if self.lora_config is not None else 'off'}")
-    if saved is not None:
-      check_lora_matches(saved, self.lora_config, directory)
+    check_lora_matches(ckpt.meta(step).get("lora"), self.lora_config, directory)
     meta = ckpt.restore(self.model, self.optimizer, step=step, data_iter=data_iter)
     self._step = int(meta["step"])
     self._lr_override = meta.get("lr_override")
