@@ -19,11 +19,11 @@ layout of `dpo/loss_spec.py`), the loss mask on the completion tokens only.
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from dockyard.data import jsonl
 from dockyard.grpo.batch import pack_sequences
 from dockyard.grpo.step import PromptSampler
 from dockyard.policy import TrainBatch
@@ -106,20 +106,7 @@ def pair_from_record(record: Any, where: str) -> PreferencePair:
 def read_jsonl(path: str) -> list[PreferencePair]:
   """The pairs of a TRL-schema JSONL file (blank lines skipped); raises PairDataError at the first
   bad line, naming it."""
-  pairs = []
-  with open(path) as f:
-    for number, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      where = f"{path}:{number}"
-      try:
-        record = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise PairDataError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-      pairs.append(pair_from_record(record, where))
-  if not pairs:
-    raise PairDataError(f"{path}: no preference pairs in the file")
-  return pairs
+  return jsonl.read_records(path, pair_from_record, PairDataError, "preference pairs")
 
 
 def encode_pairs(tokenizer, pairs: Sequence[PreferencePair], max_seq_len: int) -> list[EncodedPair]:

@@ -15,10 +15,10 @@ found from the chat template's own rendering).
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any, Mapping, Sequence
 
 from dockyard.conversation import ChatTemplateError, EncodedConversation, encode_conversation
+from dockyard.data import jsonl
 from dockyard.grpo.sft import gold_messages, pack_conversations
 from dockyard.policy import TrainBatch
 
@@ -63,20 +63,7 @@ def conversation_from_record(record: Any, where: str) -> Conversation:
 def read_jsonl(path: str) -> list[Conversation]:
   """The conversations of a JSONL file (blank lines skipped); raises ChatDataError at the first bad
   line, naming it."""
-  out = []
-  with open(path) as f:
-    for number, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      where = f"{path}:{number}"
-      try:
-        record = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise ChatDataError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-      out.append(conversation_from_record(record, where))
-  if not out:
-    raise ChatDataError(f"{path}: no conversations in the file")
-  return out
+  return jsonl.read_records(path, conversation_from_record, ChatDataError, "conversations")
 
 
 def encode_conversations(tokenizer, conversations: Sequence[Conversation],
