@@ -261,6 +261,19 @@ def side_eval(settings: dict, workdir: str, model_dir: str) -> dict:
   return dict(rate=report["rate"], n=report["n"])
 
 
+def score_for_trl(env, by_id, shaping, loop, completions, completion_ids, instance_ids):
+  """TRL's reward-function call, answered by dockyard's own scoring (`MathEnv.score`, on `loop`)
+  and shaping: (texts, raw rewards, shaped rewards)."""
+  from dockyard.grpo.shaping import shape_reward
+  texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+
+  async def score_all():
+    return await asyncio.gather(*[env.score(by_id[i], t) for i, t in zip(instance_ids, texts)])
+  rewards = loop.run_until_complete(score_all())
+  return texts, rewards, [shape_reward(r.value, r.malformed, len(ids), shaping)
+                          for r, ids in zip(rewards, completion_ids)]
+
+
 def side_trl(settings: dict, workdir: str) -> dict:
   import torch
   from datasets import Dataset
@@ -268,7 +281,7 @@ def side_trl(settings: dict, workdir: str) -> dict:
   from trl import GRPOTrainer
 
   from dockyard.envs.math import MathConfig, MathEnv
-  from dockyard.grpo.shaping import ShapingConfig, shape_reward
+  from dockyard.grpo.shaping import ShapingConfig
 
   config = dockyard_config(settings)
   torch.manual_seed(int(config.run.seed))
@@ -282,12 +295,8 @@ def side_trl(settings: dict, workdir: str) -> dict:
   seen: list[list[str]] = []   # the prompts of each reward call (one per generation batch = step)
 
   def math_reward(prompts, completions, completion_ids, instance_id, **_):
-    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
     seen.append(list(dict.fromkeys(instance_id)))
-    async def score_all():
-      return await asyncio.gather(*[env.score(by_id[i], t) for i, t in zip(instance_id, texts)])
-    rewards = loop.run_until_complete(score_all())
-    return [shape_reward(r.value, r.malformed, len(ids), shaping) for r, ids in zip(rewards, completion_ids)]
+    return score_for_trl(env, by_id, shaping, loop, completions, completion_ids, instance_id)[2]
 
   # One record per finished step (its wall time, generate time and prompts), appended as it ends,
   # so a resumed side reports the steps of every process that ran it. A step redone after a cut
@@ -363,6 +372,151 @@ def side_trl(settings: dict, workdir: str) -> dict:
     out["final_dir"] = final
   loop.close()
   return out
+
+
+# One optimizer step on the same batch, both sides: does the bench map every setting, or does it
+# differ somewhere the learning run cannot tell from sampling noise? Adam made linear: with
+# eps >> |g| its first step is -lr * g / (|g| + eps) ~= -(lr / eps) g on both optimizers (bias-
+# corrected m = g, sqrt(v) = |g|), and the clip is lifted, so each side's weight change is its
+# gradient times -lr / eps, compared tensor by tensor under HF names.
+STEP_CHECK_EPS, STEP_CHECK_LR = 1e5, 1e9
+
+
+def side_step_check(settings: dict, workdir: str) -> dict:
+  """TRL samples and takes one step; dockyard's trainer takes one step on TRL's very batch (its
+  prompt and completion tokens, dockyard's own reward and advantages, IS weight 1: generation
+  logprobs = the policy's own); the two weight changes are compared."""
+  import numpy as np
+  import torch
+  from datasets import Dataset
+  from transformers import AutoTokenizer
+  from trl import GRPOTrainer
+
+  from dockyard import policy_factory
+  from dockyard.envs.math import MathConfig, MathEnv
+  from dockyard.grpo import harness
+  from dockyard.grpo.batch import Group, make_train_batch
+  from dockyard.grpo.shaping import ShapingConfig
+  from dockyard.grpo.step import assign_advantages, update_policy
+  from dockyard.rollout.base import Completion
+  from dockyard.rollout.chat import encode_prompt
+
+  config = dockyard_config(dict(settings, steps=1))
+  config.unlock()
+  config.optim.eps, config.optim.lr, config.optim.max_grad_norm = STEP_CHECK_EPS, STEP_CHECK_LR, 1e30
+  config.policy.backend = settings["backend"]
+  config.lock()
+  torch.manual_seed(int(config.run.seed))
+  env = MathEnv(MathConfig.from_config(config))
+  order = train_prompt_order(config, env.train)
+  by_id = {t["instance_id"]: t for t in env.train}
+  dataset = Dataset.from_list([{"prompt": env.prompt_messages(t), "instance_id": t["instance_id"]}
+                               for t in order])
+  tokenizer = AutoTokenizer.from_pretrained(settings["model_dir"])
+  loop = asyncio.new_event_loop()
+  seen: dict = {}
+
+  shaping = ShapingConfig.from_config(config)
+
+  def math_reward(prompts, completions, completion_ids, instance_id, **_):
+    texts, rewards, shaped = score_for_trl(env, by_id, shaping, loop, completions, completion_ids, instance_id)
+    seen.update(instance_id=list(instance_id), texts=texts, rewards=rewards, shaped=shaped)
+    return shaped
+
+  trainer = GRPOTrainer(model=settings["model_dir"], reward_funcs=[math_reward],
+                        args=trl_args(settings, config, os.path.join(workdir, "trl_step")),
+                        train_dataset=dataset, processing_class=tokenizer)
+  trainer.args.save_strategy = "no"
+  inner = trainer._generate
+
+  def capture(*a, **k):
+    out = inner(*a, **k)
+    seen["prompt_ids"], seen["completion_ids"] = [list(map(int, x)) for x in out[0]], [list(map(int, x)) for x in out[1]]
+    return out
+  trainer._generate = capture
+  before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+  trainer.train()
+  trl_delta = {n: (p.detach() - before[n]).numpy().astype(np.float64)
+               for n, p in trainer.model.named_parameters()}
+  trl_grad_norm = [h["grad_norm"] for h in trainer.state.log_history if "grad_norm" in h][0]
+  del trainer, before
+
+  # dockyard's trainer on the same batch: groups of n consecutive completions (TRL's sampler
+  # repeats each prompt n times in a row), rewards scored and shaped by dockyard's own code.
+  n = int(config.grpo.num_generations_per_prompt)
+  ids, p_ids, c_ids = seen["instance_id"], seen["prompt_ids"], seen["completion_ids"]
+  prompt_mismatch = sum(p != encode_prompt(tokenizer, env.prompt_messages(by_id[i])) for i, p in zip(ids, p_ids))
+  eos = {tokenizer.eos_token_id, tokenizer.pad_token_id}
+  groups = []
+  for g in range(0, len(ids), n):
+    groups.append(Group(task=by_id[ids[g]], prompt_ids=p_ids[g], texts=seen["texts"][g:g + n],
+                        rewards=seen["rewards"][g:g + n],
+                        completions=[Completion(prompt_ids=p_ids[g], token_ids=c, logprobs=[0.0] * len(c),
+                                                finish_reason="stop" if c and c[-1] in eos else "length",
+                                                weight_version=0) for c in c_ids[g:g + n]]))
+    if any(p != p_ids[g] for p in p_ids[g:g + n]) or len(set(ids[g:g + n])) != 1:
+      raise RuntimeError(f"TRL's completions {g}..{g + n - 1} are not one prompt's group")
+  kept, _ = assign_advantages(groups, config)
+  shaped_diff = max(abs(float(a) - b) for g, s in zip(groups, range(0, len(ids), n))
+                    for a, b in zip(g.shaped, seen["shaped"][s:s + n]))
+  policy = policy_factory.make_policy(config, settings["model_dir"])
+  # The KL reference (when beta != 0): the initial weights, as on TRL's side.
+  reference = (policy_factory.make_policy(config, settings["model_dir"])
+               if config.loss_fn.reference_policy_kl_penalty else None)
+  run_settings = harness.RunSettings.build(config, tokenizer, policy_factory.make_losses(config), reference)
+  prev = policy.logprobs(make_train_batch(kept, run_settings.pad_id, 1, float(config.rollout.temperature)))
+  row = 0
+  for g in kept:   # generation logprobs = the policy's own: IS weight exactly 1, as on TRL's side
+    for c in g.completions:
+      start = len(g.prompt_ids)
+      c.logprobs = [float(x) for x in prev[row, start:start + len(c.token_ids)]]
+      row += 1
+  start_w = {k: np.asarray(v, np.float64) for k, v in policy.named_weights()}
+  metrics = update_policy(policy, kept, run_settings, reference)
+  dy_delta = {k: np.asarray(v, np.float64) - start_w[k] for k, v in policy.named_weights()}
+
+  missing = sorted(set(trl_delta) - set(dy_delta))
+  if missing:
+    raise RuntimeError(f"dockyard's name map has no {missing[:5]} (of {len(missing)})")
+  diff2 = ref2 = dot = trl2 = 0.0
+  worst = (0.0, "")
+  for k, t in trl_delta.items():
+    d = dy_delta[k]
+    diff2 += float(((t - d) ** 2).sum())
+    ref2 += float((d ** 2).sum())
+    trl2 += float((t ** 2).sum())
+    dot += float((t * d).sum())
+    rel = float(np.linalg.norm(t - d) / max(np.linalg.norm(d), 1e-30))
+    worst = max(worst, (rel, k))
+  scale = STEP_CHECK_LR / STEP_CHECK_EPS
+  return dict(tensors=len(trl_delta), rel_diff=(diff2 / max(ref2, 1e-300)) ** 0.5,
+              cosine=dot / max((ref2 * trl2) ** 0.5, 1e-300), worst_tensor=worst[1], worst_rel_diff=worst[0],
+              grad_norm_trl=float(trl_grad_norm), grad_norm_dockyard=float(metrics["train/grad_norm"]),
+              update_norm_over_scale_dockyard=ref2 ** 0.5 / scale,
+              prompt_mismatch=int(prompt_mismatch), shaped_reward_max_diff=shaped_diff,
+              is_weight_mean=float(metrics.get("train/is_weight_mean", float("nan"))),
+              flat_groups=sum(float(np.ptp(g.shaped)) == 0 for g in groups), groups=len(groups),
+              completion_tokens=int(sum(len(c) for c in c_ids)))
+
+
+def check_step(settings: dict, workdir: str, backend: str) -> dict:
+  """Runs `side_step_check` with dockyard's `backend` trainer in a child; prints what it found
+  and RESULT step_rel_diff."""
+  spec_path = os.path.join(workdir, "spec_step.json")
+  with open(spec_path, "w") as f:
+    json.dump(dict(settings, backend=backend), f)
+  with contextlib.suppress(FileNotFoundError):   # a check is never reused: it is minutes, and the backend may differ
+    os.remove(os.path.join(workdir, "step_check.json"))
+  r = run_child("step_check", spec_path, workdir)
+  print(f"one step on TRL's batch, dockyard's {backend} trainer ({r['groups']} groups, {r['flat_groups']} flat, "
+        f"{r['completion_tokens']} completion tokens): weight change dockyard vs TRL over "
+        f"{r['tensors']} tensors: relative difference {r['rel_diff']:.2e}, cosine {r['cosine']:.6f}, "
+        f"worst tensor {r['worst_tensor']} ({r['worst_rel_diff']:.2e}); gradient norm dockyard "
+        f"{r['grad_norm_dockyard']:.6g}, TRL {r['grad_norm_trl']:.6g}; prompts tokenized differently: "
+        f"{r['prompt_mismatch']}; shaped rewards differ by at most {r['shaped_reward_max_diff']:.2g}; "
+        f"dockyard IS weight mean {r['is_weight_mean']:.6f}", flush=True)
+  print(f"RESULT step_rel_diff {r['rel_diff']:.3e} x", flush=True)
+  return r
 
 
 def run_child(side: str, spec_path: str, workdir: str, extra: list[str] = ()) -> dict:
@@ -486,6 +640,11 @@ def main():
   p.add_argument("--report", default="", help="also write the whole report as JSON here")
   p.add_argument("--workdir", default="", help="keep each side's result here and reuse it on a "
                  "rerun with the same settings (default: a temporary directory)")
+  p.add_argument("--check_step", action="store_true",
+                 help="no learning run: one optimizer step on the same batch on both sides, the two "
+                 "weight changes compared (is every setting mapped?); last line RESULT step_rel_diff")
+  p.add_argument("--backend", default="jax", choices=("jax", "torch"),
+                 help="--check_step: dockyard's trainer (policy.backend); the learning run uses jax")
   p.add_argument("--summarize", nargs="+", default=None, metavar="REPORT",
                  help="the learning runs' --report files (one per seed): mean +- sd, no run")
   for k in SIZES["full"]:
@@ -504,6 +663,8 @@ def main():
       result = side_dockyard(settings, os.path.join(args._workdir, "dockyard"))
     elif args._child == "trl":
       result = side_trl(settings, os.path.join(args._workdir, "trl"))
+    elif args._child == "step_check":
+      result = side_step_check(settings, os.path.join(args._workdir, "step_check"))
     else:
       result = side_eval(settings, os.path.join(args._workdir, "eval"), args._eval_dir)
     with open(args._out, "w") as f:
@@ -551,6 +712,12 @@ def main():
                  "pass another directory")
     with open(spec_path, "w") as f:
       json.dump(settings, f)
+    if args.check_step:
+      result = check_step(settings, workdir, args.backend)
+      if args.report:
+        with open(args.report, "w") as f:
+          json.dump(dict(size=size, settings=settings, step_check=result), f, indent=2)
+      return
     dy = run_child("dockyard", spec_path, workdir)
     tr = run_child("trl", spec_path, workdir)
     ev = run_child("eval", spec_path, workdir, [f"--_eval_dir={tr['final_dir']}"]) if learn else None
