@@ -4,6 +4,7 @@ r"""dockyard's GRPO beside TRL's `GRPOTrainer`: the same weights, prompts, rewar
   python bench/peer_trl.py --smoke      # the smallest size: a tiny local model (CI)
   python bench/peer_trl.py --seed=S --workdir=DIR --report=rS.json   # learning + speed (est. ~1.5 h here)
   python bench/peer_trl.py --summarize r0.json r1.json r2.json        # mean +- sd over seeds
+  python bench/peer_trl.py --check_step [--backend=torch]   # one step on one batch, both sides (~3 min)
   python bench/peer_trl.py --model=/path/to/hf/dir   # any HF directory instead of the packaged model
 
 Needs the `[bench]` extra (`pip install -e .[bench]`: TRL, pinned). The model defaults to
@@ -78,6 +79,11 @@ A seed takes hours on this 2-core machine (docs/peer_trl.md). With `--workdir=DI
 result is kept in DIR as it finishes and a rerun with the same settings reuses it; the TRL side
 also checkpoints after every step and a rerun resumes it from the newest checkpoint (the dockyard
 and eval sides start over). So a seed can span sessions.
+`--check_step` runs no learning: TRL samples one batch and takes one optimizer step, dockyard's
+trainer takes one step on that very batch, and the two weight changes are compared (Adam made
+linear, so each is the gradient times a constant): RESULT step_rel_diff. It tells a setting this
+bench maps differently from what sampling noise does to a learning run.
+
 Prints both sides' settings and step times; the last line is
   RESULT speed_vs_trl <TRL wall time per step / dockyard's> x
 preceded (not in --quick) by

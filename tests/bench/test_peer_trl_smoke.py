@@ -72,3 +72,27 @@ def test_peer_trl_smoke(tmp_path):
   assert len(trl["reward"]) == steps                # the log history came back with the checkpoint
   assert math.isfinite(report["speed_vs_trl"]) and report["speed_vs_trl"] > 0
   assert float(last.split()[2]) == pytest.approx(report["speed_vs_trl"], abs=1e-3)
+
+
+@pytest.mark.slow
+def test_peer_trl_check_step_agrees(tmp_path):
+  """`--check_step`: one optimizer step of each side on TRL's own batch. On the tiny model both
+  trainers' weight changes (the gradient, Adam made linear) must agree to float32 noise, the
+  prompts must tokenize the same and the rewards shape the same; the last line is RESULT."""
+  report_path = tmp_path / "step.json"
+  cmd = [sys.executable, "bench/peer_trl.py", "--smoke", "--check_step", f"--workdir={tmp_path / 'w'}",
+         f"--report={report_path}"]
+  proc = subprocess.run(cmd, cwd=ROOT, env=user_env(), capture_output=True, text=True, timeout=600)
+  tail = f"--- stdout ---\n{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-3000:]}"
+  assert proc.returncode == 0, tail
+  last = proc.stdout.strip().splitlines()[-1]
+  assert re.match(r"^RESULT step_rel_diff [0-9.]+e[-+][0-9]+ x$", last), tail
+  r = json.loads(report_path.read_text())["step_check"]
+  assert r["tensors"] > 0 and r["completion_tokens"] > 0
+  assert r["prompt_mismatch"] == 0 and r["shaped_reward_max_diff"] < 1e-6
+  assert r["is_weight_mean"] == pytest.approx(1.0, abs=1e-6)
+  # a batch with no signal would agree trivially: at least one group must carry an advantage
+  assert r["flat_groups"] < r["groups"], tail
+  assert r["rel_diff"] < 1e-4 and r["cosine"] > 0.9999, tail
+  assert r["grad_norm_dockyard"] == pytest.approx(r["grad_norm_trl"], rel=1e-4)
+  assert float(last.split()[2]) == pytest.approx(r["rel_diff"], rel=1e-3)
