@@ -112,6 +112,12 @@ class TorchPolicy(Policy):
             hf_config, dtype=param_dtype, attn_implementation="sdpa")
       full_state = {}
     model.config.use_cache = False
+    # HF builds the input embedding as nn.Embedding(padding_idx=config.pad_token_id), which drops
+    # the lookup-side gradient of that row at every position. Where the pad id is a real token
+    # (SmolLM2: pad = EOS = <|im_end|>, which ends every chat turn of a prompt) that is a wrong
+    # gradient, and the JAX trainer's would differ; padding positions need no such help (right
+    # padding: nothing downstream of them reaches the loss). So the row trains like any other.
+    model.get_input_embeddings().padding_idx = None
     self.lora_config = LoRAConfig.from_config(config)
     if self.lora_config is not None:  # peft adapters in place, every other parameter frozen
       model = lora.inject(model, self.lora_config)

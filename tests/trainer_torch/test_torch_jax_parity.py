@@ -53,3 +53,39 @@ def test_one_train_step_matches(both):
         f"jax {m_j['grad_norm']:.7f}; max |w torch - w jax| after 1 step = {worst:.2e}")
   for name in t:
     np.testing.assert_allclose(t[name], j[name], rtol=0, atol=5e-5, err_msg=f"{name} (worst {worst:.2e})")
+
+
+def test_pad_token_as_a_real_token_gets_the_same_gradient(model_path):
+  """HF's input embedding is nn.Embedding(padding_idx=pad_token_id), which zeroes the lookup-side
+  gradient of the pad row even where the pad id is a real, attended token (SmolLM2: pad = EOS =
+  <|im_end|>, in every chat prompt). The torch trainer lifts that, so both trainers give the true
+  gradient: compared through one AdamW step made linear (eps >> |g|: the change is -(lr/eps) g)."""
+  import jax
+  import transformers
+
+  from dockyard.trainer_jax import loss as jax_loss
+  from dockyard.trainer_jax.policy import JaxPolicy
+  from dockyard.trainer_torch import loss as torch_loss
+  from dockyard.trainer_torch.policy import TorchPolicy
+  pad = transformers.AutoConfig.from_pretrained(model_path).pad_token_id
+  assert pad is not None
+  cfg = torch_common.make_config(micro_batch_size=4, warmup_steps=0, lr=1e9)
+  cfg.optim.eps, cfg.optim.max_grad_norm, cfg.optim.end_lr_factor = 1e5, 1e30, 1.0
+  batch = torch_common.make_batch(seed=7)
+  real = batch.attention_mask[:, 1:4] > 0
+  batch.input_ids[:, 1:4] = np.where(real, pad, batch.input_ids[:, 1:4])   # the pad id as a real token
+  batch.extras.clear()
+  torch_policy = TorchPolicy.from_hf(model_path, cfg)
+  jax_policy = JaxPolicy.from_hf(model_path, cfg, devices=jax.devices()[:1])
+  before = dict(torch_policy.named_weights())
+  torch_policy.train_step(batch, torch_loss.nll_loss)
+  jax_policy.train_step(batch, jax_loss.nll_loss)
+  t, j = dict(torch_policy.named_weights()), dict(jax_policy.named_weights())
+  for n in t:
+    d_t, d_j = t[n] - before[n], j[n] - before[n]
+    scale = float(np.abs(d_j).max())
+    assert scale > 0, n
+    np.testing.assert_allclose(d_t, d_j, rtol=0, atol=1e-3 * scale, err_msg=n)
+  emb = "model.embed_tokens.weight"
+  print(f"pad row {pad}: |change| torch {np.abs(t[emb][pad] - before[emb][pad]).max():.4g}, "
+        f"jax {np.abs(j[emb][pad] - before[emb][pad]).max():.4g}")
