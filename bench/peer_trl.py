@@ -440,6 +440,12 @@ def side_step_check(settings: dict, workdir: str) -> dict:
     seen["prompt_ids"], seen["completion_ids"] = [list(map(int, x)) for x in out[0]], [list(map(int, x)) for x in out[1]]
     return out
   trainer._generate = capture
+  # HF's input embedding drops the lookup-side gradient of its padding_idx row (the pad id, which
+  # is EOS and ends every chat turn in SmolLM2); dockyard's trainers do not (trainer_torch/policy.py):
+  # that row is compared apart.
+  embedding = trainer.model.get_input_embeddings()
+  emb_name = next(n for n, p in trainer.model.named_parameters() if p is embedding.weight)
+  pad_row = embedding.padding_idx
   before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
   trainer.train()
   trl_delta = {n: (p.detach() - before[n]).numpy().astype(np.float64)
@@ -484,6 +490,11 @@ def side_step_check(settings: dict, workdir: str) -> dict:
   missing = sorted(set(trl_delta) - set(dy_delta))
   if missing:
     raise RuntimeError(f"dockyard's name map has no {missing[:5]} (of {len(missing)})")
+  pad_rel = None
+  if pad_row is not None:
+    t, d = trl_delta[emb_name], dy_delta[emb_name]
+    pad_rel = float(np.linalg.norm(t[pad_row] - d[pad_row]) / max(np.linalg.norm(d[pad_row]), 1e-30))
+    t[pad_row] = d[pad_row] = 0.0
   diff2 = ref2 = dot = trl2 = 0.0
   worst = (0.0, "")
   for k, t in trl_delta.items():
@@ -497,6 +508,7 @@ def side_step_check(settings: dict, workdir: str) -> dict:
   scale = STEP_CHECK_LR / STEP_CHECK_EPS
   return dict(tensors=len(trl_delta), rel_diff=(diff2 / max(ref2, 1e-300)) ** 0.5,
               cosine=dot / max((ref2 * trl2) ** 0.5, 1e-300), worst_tensor=worst[1], worst_rel_diff=worst[0],
+              pad_row=pad_row, pad_row_rel_diff=pad_rel,
               grad_norm_trl=float(trl_grad_norm), grad_norm_dockyard=float(metrics["train/grad_norm"]),
               update_norm_over_scale_dockyard=ref2 ** 0.5 / scale,
               prompt_mismatch=int(prompt_mismatch), shaped_reward_max_diff=shaped_diff,
@@ -516,11 +528,16 @@ def check_step(settings: dict, workdir: str, backend: str) -> dict:
   r = run_child("step_check", spec_path, workdir)
   print(f"one step on TRL's batch, dockyard's {backend} trainer ({r['groups']} groups, {r['flat_groups']} flat, "
         f"{r['completion_tokens']} completion tokens): weight change dockyard vs TRL over "
-        f"{r['tensors']} tensors: relative difference {r['rel_diff']:.2e}, cosine {r['cosine']:.6f}, "
+        f"{r['tensors']} tensors, all but the pad token's input-embedding row: relative difference "
+        f"{r['rel_diff']:.2e}, cosine {r['cosine']:.6f}, "
         f"worst tensor {r['worst_tensor']} ({r['worst_rel_diff']:.2e}); gradient norm dockyard "
         f"{r['grad_norm_dockyard']:.6g}, TRL {r['grad_norm_trl']:.6g}; prompts tokenized differently: "
         f"{r['prompt_mismatch']}; shaped rewards differ by at most {r['shaped_reward_max_diff']:.2g}; "
         f"dockyard IS weight mean {r['is_weight_mean']:.6f}", flush=True)
+  if r["pad_row"] is not None:
+    print(f"the pad token's embedding row ({r['pad_row']}): relative difference {r['pad_row_rel_diff']:.2e} "
+          "(TRL's HF nn.Embedding(padding_idx) drops that row's lookup-side gradient; dockyard's "
+          "trainers keep it)", flush=True)
   print(f"RESULT step_rel_diff {r['rel_diff']:.3e} x", flush=True)
   return r
 
