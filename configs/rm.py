@@ -58,9 +58,9 @@ def get_config(arg=None):
 
   # rm: the loop.
   config.rm = dict(
-      num_steps=30,
+      num_steps=20,
       num_pairs_per_step=16,
-      val_period=10,        # score the held-out pairs every this many steps (and at 0); 0: never
+      val_period=5,         # score the held-out pairs every this many steps (and at 0); 0: never
   )
 
   # env: the arithmetic task set the default pairs are made from (configs/math.py's tiny one).

@@ -124,7 +124,7 @@ def reward_model_plan(config: ml_collections.ConfigDict) -> RunPlan:
     data = {"train": config.data.train, "validation": config.data.validation or "none"}
   else:
     math_cfg = config.env.math
-    data = {"train": f"{math_cfg.num_train} math pairs (gold vs off-by-k, {' '.join(math_cfg.ops)}, "
+    data = {"train": f"{math_cfg.num_train} math pairs (gold vs the answer in words, {' '.join(math_cfg.ops)}, "
                      f"operands {math_cfg.min_operand}-{math_cfg.max_operand}, seed {math_cfg.seed})",
             "validation": f"{math_cfg.num_validation} held out"}
   data["pairs_per_step"] = config.rm.num_pairs_per_step

@@ -54,13 +54,14 @@ def make_preference_loss(config: Any) -> LossFn:
   return make_preference_loss(PreferenceConfig.from_config(config))
 
 
-def make_reward_model(config: Any, model_path: str):
-  """The `rm.model.RewardModel` of `config.policy.backend` (configs/rm.py) on `model_path`."""
+def make_reward_model(config: Any, model_path: str, trainable: bool = True):
+  """The `rm.model.RewardModel` of `config.policy.backend` (configs/rm.py) on `model_path`;
+  `trainable=False`: for scoring only (no optimizer state)."""
   if _backend(config) == "jax":
     from dockyard.trainer_jax.reward_model import JaxRewardModel
-    return JaxRewardModel.from_hf(model_path, config)
+    return JaxRewardModel.from_hf(model_path, config, trainable)
   from dockyard.trainer_torch.reward_model import TorchRewardModel
-  return TorchRewardModel.from_hf(model_path, config)
+  return TorchRewardModel.from_hf(model_path, config, trainable)
 
 
 def make_reward_loss(config: Any):

@@ -15,7 +15,7 @@ completion here; so neither backend uses that pooling (the torch one calls the b
 
 The saved form (`save_hf`) is the layout of an HF `*ForSequenceClassification` checkpoint with
 num_labels=1, the same from both backends: config.json (architectures
-['<Family>ForSequenceClassification'], num_labels 1), model.safetensors with the decoder's
+['<Family>ForSequenceClassification'], one label: id2label {'0': 'LABEL_0'}), model.safetensors with the decoder's
 `model.*` tensors and `score.weight` [1, hidden] (no `lm_head`), and the tokenizer files. Either
 backend's `from_hf` loads it back (the torch one also loads a causal LM with a freshly
 initialized head; so does the JAX one, seeded).
@@ -62,10 +62,11 @@ class RewardModel(abc.ABC):
 
   @classmethod
   @abc.abstractmethod
-  def from_hf(cls, path: str, config: Any) -> "RewardModel":
+  def from_hf(cls, path: str, config: Any, trainable: bool = True) -> "RewardModel":
     """From an HF directory: a reward model saved by `save_hf`, or a causal LM (a fresh head,
-    seeded by config.run.seed). Optimizer settings from config.optim (lr, weight_decay,
-    max_grad_norm)."""
+    seeded by config.run.seed). With `trainable`, an optimizer on config.optim (lr,
+    weight_decay, max_grad_norm); without (scoring only, `envs.reward_model`), no optimizer
+    state and `train_step` raises."""
 
   @abc.abstractmethod
   def rewards(self, batch: TrainBatch) -> np.ndarray:

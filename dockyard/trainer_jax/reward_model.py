@@ -60,12 +60,14 @@ class JaxRewardModel(RewardModel):
 
   def __init__(self, model: ScoredDecoder, optim, source_dir: str):
     self.model, self.source_dir = model, source_dir
-    tx = optax.chain(optax.clip_by_global_norm(float(optim.max_grad_norm)),
-                     optax.adamw(float(optim.lr), weight_decay=float(optim.weight_decay)))
-    self.optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+    self.optimizer = None
+    if optim is not None:
+      tx = optax.chain(optax.clip_by_global_norm(float(optim.max_grad_norm)),
+                       optax.adamw(float(optim.lr), weight_decay=float(optim.weight_decay)))
+      self.optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
 
   @classmethod
-  def from_hf(cls, path: str, config: Any) -> "JaxRewardModel":
+  def from_hf(cls, path: str, config: Any, trainable: bool = True) -> "JaxRewardModel":
     c = ModelConfig.from_pretrained(path)
     tensors = hf_io.read_safetensors(path)
     score = tensors.pop(SCORE_WEIGHT, None)
@@ -78,7 +80,8 @@ class JaxRewardModel(RewardModel):
     if not c.tie_word_embeddings and "lm_head.weight" not in tensors:
       # A saved reward model has no LM head; the decoder module has one, which the head never reads.
       tensors["lm_head.weight"] = np.zeros((c.vocab_size, c.hidden_size), np.float32)
-    return cls(ScoredDecoder(hf_io.from_hf(path, tensors=tensors), score), config.optim, path)
+    return cls(ScoredDecoder(hf_io.from_hf(path, tensors=tensors), score),
+               config.optim if trainable else None, path)
 
   @staticmethod
   def _inputs(batch: TrainBatch):
@@ -90,6 +93,8 @@ class JaxRewardModel(RewardModel):
     return np.asarray(_rewards(self.model, *self._inputs(batch)), np.float32)
 
   def train_step(self, batch: TrainBatch, loss_fn: RewardLossFn) -> dict[str, float]:
+    if self.optimizer is None:
+      raise RuntimeError("this reward model was loaded for scoring (trainable=False)")
     extras = {k: jnp.asarray(v) for k, v in batch.extras.items()}
     metrics = _train_step(self.model, self.optimizer, *self._inputs(batch), extras, loss_fn)
     return {k: float(v) for k, v in metrics.items()}

@@ -30,19 +30,21 @@ class TorchRewardModel(RewardModel):
   def __init__(self, model, optim, source_dir: str):
     self.model, self.source_dir = model, source_dir
     self.device = next(model.parameters()).device
-    self.max_grad_norm = float(optim.max_grad_norm)
-    self.optimizer = torch.optim.AdamW(model.parameters(), lr=float(optim.lr),
-                                       weight_decay=float(optim.weight_decay))
+    self.optimizer = None
+    if optim is not None:
+      self.max_grad_norm = float(optim.max_grad_norm)
+      self.optimizer = torch.optim.AdamW(model.parameters(), lr=float(optim.lr),
+                                         weight_decay=float(optim.weight_decay))
 
   @classmethod
-  def from_hf(cls, path: str, config: Any) -> "TorchRewardModel":
+  def from_hf(cls, path: str, config: Any, trainable: bool = True) -> "TorchRewardModel":
     import transformers
     torch.manual_seed(int(config.run.seed))
     model = transformers.AutoModelForSequenceClassification.from_pretrained(
         path, num_labels=1, dtype=torch.float32)
     if torch.cuda.is_available():
       model = model.cuda()
-    return cls(model, config.optim, path)
+    return cls(model, config.optim if trainable else None, path)
 
   def _forward(self, batch: TrainBatch) -> torch.Tensor:
     last = torch.as_tensor(last_token_index(batch), dtype=torch.long, device=self.device)
@@ -58,6 +60,8 @@ class TorchRewardModel(RewardModel):
       return self._forward(batch).cpu().numpy().astype(np.float32)
 
   def train_step(self, batch: TrainBatch, loss_fn: RewardLossFn) -> dict[str, float]:
+    if self.optimizer is None:
+      raise RuntimeError("this reward model was loaded for scoring (trainable=False)")
     self.model.train()
     extras = {k: torch.as_tensor(np.asarray(v), device=self.device) for k, v in batch.extras.items()}
     loss, metrics = loss_fn(self._forward(batch), extras)
