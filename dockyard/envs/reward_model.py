@@ -19,9 +19,22 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Mapping, Sequence
 
+import numpy as np
+
 from dockyard.envs.base import Environment, Reward
-from dockyard.grpo.batch import pack_sequences
+from dockyard.policy import TrainBatch
 from dockyard.rollout.chat import encode_prompt
+
+
+def _right_padded(rows: Sequence[list[int]], pad_id: int) -> TrainBatch:
+  # The layout of grpo.batch.pack_sequences, built here (dockyard.grpo imports dockyard.envs); a
+  # reward model reads input_ids and attention_mask only.
+  t = max(len(r) for r in rows)
+  ids = np.full((len(rows), t), pad_id, np.int32)
+  mask = np.zeros((len(rows), t), np.int32)
+  for i, r in enumerate(rows):
+    ids[i, :len(r)], mask[i, :len(r)] = r, 1
+  return TrainBatch(input_ids=ids, attention_mask=mask, loss_mask=mask.astype(np.float32))
 
 
 class RewardModelEnv(Environment):
@@ -55,7 +68,7 @@ class RewardModelEnv(Environment):
     for i in range(0, len(pending), self.batch_size):
       chunk = pending[i:i + self.batch_size]
       try:
-        batch = pack_sequences([p for p, _, _ in chunk], [c for _, c, _ in chunk], self.pad_id)
+        batch = _right_padded([p + c for p, c, _ in chunk], self.pad_id)
         values = await asyncio.to_thread(self.model.rewards, batch)
         self.batches_scored += 1
         for (_, _, fut), v in zip(chunk, values):
