@@ -110,6 +110,21 @@ def build_env(config, tokenizer, stack: contextlib.ExitStack) -> tuple[Any, list
   return env, train, val, test
 
 
+def reward_model_env(config, env):
+  """`env`, or, when `env.reward_model.path` is set (configs/math.py), `env` rewarded by that
+  saved reward model (`envs.reward_model.RewardModelEnv`, on the policy's backend, scoring only)."""
+  if "reward_model" not in config.env or not config.env.reward_model.path:
+    return env
+  import transformers
+  from dockyard import policy_factory
+  from dockyard.envs.reward_model import RewardModelEnv
+  path = config.env.reward_model.path
+  model = policy_factory.make_reward_model(config, path, trainable=False)
+  return RewardModelEnv(env, model, transformers.AutoTokenizer.from_pretrained(path),
+                        max_seq_len=int(config.policy.max_seq_len),
+                        batch_size=int(config.env.reward_model.batch_size))
+
+
 def preference_pairs(config) -> tuple[list, list]:
   """(train, held-out) preference pairs: the JSONL files `data.train` / `data.validation`, or, when
   `data.train` is '', pairs made from the math env's splits (`config.env.math`)."""
@@ -277,6 +292,7 @@ def run(config, paths: dict[str, str]) -> None:
       tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)
     with component("env"):
       env, train_tasks, val_tasks, test_tasks = build_env(config, tokenizer, stack)
+      env = reward_model_env(config, env)
     if config.run.mode == "eval":   # generation only: no trainer (its weights and memory), no refit
       with component("rollout", "starting the vLLM rollout engines"):
         from dockyard.rollout.fleet import RolloutFleet

@@ -231,6 +231,13 @@ def validate(config: ml_collections.ConfigDict) -> None:
       math_env.MathConfig.from_config(config)
     except ValueError as err:
       raise ConfigError("env.math", str(err).removeprefix("env.math.")) from None
+  if "reward_model" in config.env and config.env.reward_model.path:
+    path = config.env.reward_model.path
+    if not os.path.exists(os.path.join(path, "config.json")):
+      raise ConfigError("env.reward_model.path", f"no reward model at {path!r} (a directory that "
+                        f"configs/rm.py saved: <workdir>/reward_model)")
+    if int(config.env.reward_model.batch_size) < 1:
+      raise ConfigError("env.reward_model.batch_size", f"must be >= 1, got {config.env.reward_model.batch_size}")
   if config.env.name == "swe" and config.env.code.reward not in ("resolved", "pass_rate"):
     raise ConfigError("env.code.reward", f"must be 'resolved' or 'pass_rate', got {config.env.code.reward!r}")
   eval_cfg = config.eval

@@ -15,7 +15,6 @@ import os
 import subprocess
 import sys
 
-import ml_collections
 import numpy as np
 import transformers
 
@@ -51,17 +50,22 @@ def test_tiny_rm_learns_and_scores_the_math_env(tmp_path):
   proc, rows = _launch(workdir, "--config=configs/rm.py")
   _check_learning(rows, 20)
   assert "rm_tiny: summary" in proc.stdout
-  # The saved reward model as a GRPO environment's reward, on the held-out tasks.
-  from dockyard import policy_factory
-  from dockyard.envs import math as math_env
+  # The saved reward model as the math GRPO config's reward (env.reward_model.path), built as the
+  # runner builds it, scored on the held-out tasks.
+  import contextlib
+  from configs import math as math_config
+  from dockyard import runner, validate
   from dockyard.envs.reward_model import RewardModelEnv
   from dockyard.rm.data import in_words
-  path = os.path.join(workdir, "reward_model")
-  config = ml_collections.ConfigDict(dict(policy=dict(backend="jax"), run=dict(seed=0)))
-  model = policy_factory.make_reward_model(config, path, trainable=False)
-  base = math_env.MathEnv(math_env.MathConfig())
-  env = RewardModelEnv(base, model, transformers.AutoTokenizer.from_pretrained(path), max_seq_len=128)
-  tasks = base.validation
+  config = math_config.get_config("tiny")
+  config.env.reward_model.path = os.path.join(workdir, "reward_model")
+  validate.validate(config)
+  tokenizer = transformers.AutoTokenizer.from_pretrained(runner.resolve_model(config))
+  with contextlib.ExitStack() as stack:
+    base, _, val_tasks, _ = runner.build_env(config, tokenizer, stack)
+  env = runner.reward_model_env(config, base)
+  assert isinstance(env, RewardModelEnv) and env.base is base
+  tasks = val_tasks
 
   async def score(texts):
     return await asyncio.gather(*[env.score(t, x) for t, x in zip(tasks, texts)])

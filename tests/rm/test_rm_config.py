@@ -63,3 +63,17 @@ def test_sweep_trials_override_existing_keys():
   assert len(commands) == 3
   assert [c for _, cmd in commands for c in cmd if c.startswith("--config.optim.lr=")] == [
       "--config.optim.lr=0.0005", "--config.optim.lr=0.001", "--config.optim.lr=0.002"]
+
+
+def test_a_grpo_reward_model_path_is_checked_before_loading(tmp_path):
+  from configs import math as math_config
+  config = math_config.get_config("tiny")
+  validate.validate(config)                       # path '' : the verifier's reward
+  config.env.reward_model.path = str(tmp_path / "nothing")
+  with pytest.raises(validate.ConfigError, match="config.env.reward_model.path: no reward model"):
+    validate.validate(config)
+  (tmp_path / "nothing").mkdir()
+  (tmp_path / "nothing" / "config.json").write_text("{}")
+  config.env.reward_model.batch_size = 0
+  with pytest.raises(validate.ConfigError, match="config.env.reward_model.batch_size: must be >= 1"):
+    validate.validate(config)
