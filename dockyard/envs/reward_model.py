@@ -72,7 +72,8 @@ class RewardModelEnv(Environment):
         values = await asyncio.to_thread(self.model.rewards, batch)
         self.batches_scored += 1
         for (_, _, fut), v in zip(chunk, values):
-          fut.set_result(float(v))
+          if not fut.done():   # a scoring cancelled meanwhile (a timeout) takes no result
+            fut.set_result(float(v))
       except Exception as e:  # noqa: BLE001 — every waiting scoring gets the error
         for _, _, fut in chunk:
           if not fut.done():
