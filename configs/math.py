@@ -87,6 +87,13 @@ def get_config(arg=None):
       instruction="",              # appended to the question in the user turn
       answer_extraction="last_integer",   # last_integer | answer_tag (only "Answer: N" counts)
   )
+  # env.reward_model: path '' rewards the verifier's verdict; a reward model saved by configs/rm.py
+  # (<workdir>/reward_model) makes the reward that model's score of each completion, the verifier
+  # kept for pass@k and the val/ metrics (dockyard/envs/reward_model.py, docs/rm.md).
+  config.env.reward_model = dict(
+      path="",
+      batch_size=32,                 # completions per reward-model forward
+  )
 
   # checkpoint: best-k by validation accuracy.
   config.checkpoint.metric = "val/accuracy"

@@ -118,11 +118,30 @@ def sft_plan(config: ml_collections.ConfigDict) -> RunPlan:
       mesh_shape=mesh_shape, fleets=fleets, sandbox_urls=(), data=data, steps=int(sft.num_steps))
 
 
+def reward_model_plan(config: ml_collections.ConfigDict) -> RunPlan:
+  """configs/rm.py: the reward model on one device of this process; no engines, no sandbox."""
+  if config.data.train:
+    data = {"train": config.data.train, "validation": config.data.validation or "none"}
+  else:
+    math_cfg = config.env.math
+    data = {"train": f"{math_cfg.num_train} math pairs (gold vs the answer in words, {' '.join(math_cfg.ops)}, "
+                     f"operands {math_cfg.min_operand}-{math_cfg.max_operand}, seed {math_cfg.seed})",
+            "validation": f"{math_cfg.num_validation} held out"}
+  data["pairs_per_step"] = config.rm.num_pairs_per_step
+  fleets = [Fleet("trainer", 1, {"device": 1}, "this process (the first GPU, else the CPU)", "node 0")]
+  return RunPlan(
+      variant=config.run.variant, mode="train", loop="reward model (Bradley-Terry)", env="preference pairs",
+      policy=_policy_name(config), backend=config.policy.backend, mesh_axes=("device",),
+      mesh_shape=(1,), fleets=fleets, sandbox_urls=(), data=data, steps=int(config.rm.num_steps))
+
+
 def make_plan(config: ml_collections.ConfigDict) -> RunPlan:
   if "dpo" in config:
     return preference_plan(config)
   if "sft" in config:
     return sft_plan(config)
+  if "rm" in config:
+    return reward_model_plan(config)
   cluster = config.cluster
   devices = validate._mesh_devices(config)
   mesh_shape = validate.resolve_mesh_shape(config.mesh.shape, devices)

@@ -4,8 +4,9 @@
 (`dockyard.trainer_torch.policy.TorchPolicy`). Each is imported only when chosen, so a JAX run
 never imports torch's distributed stack and a torch run never imports JAX. A `LossFn` is written
 in the backend's array type, so the runner takes the loop's losses from here too (`make_losses`)
-and hands them to `grpo.loop.grpo_train` (and the preference loss to `dpo.loop.dpo_train`):
-neither dockyard.grpo nor dockyard.dpo imports this module.
+and hands them to `grpo.loop.grpo_train` (and the preference loss to `dpo.loop.dpo_train`; the
+reward model and its loss to `rm.loop.rm_train`): neither dockyard.grpo, dockyard.dpo nor
+dockyard.rm imports this module.
 """
 from __future__ import annotations
 
@@ -51,6 +52,25 @@ def make_preference_loss(config: Any) -> LossFn:
   else:
     from dockyard.trainer_torch.preference_loss import make_preference_loss
   return make_preference_loss(PreferenceConfig.from_config(config))
+
+
+def make_reward_model(config: Any, model_path: str, trainable: bool = True):
+  """The `rm.model.RewardModel` of `config.policy.backend` (configs/rm.py) on `model_path`;
+  `trainable=False`: for scoring only (no optimizer state)."""
+  if _backend(config) == "jax":
+    from dockyard.trainer_jax.reward_model import JaxRewardModel
+    return JaxRewardModel.from_hf(model_path, config, trainable)
+  from dockyard.trainer_torch.reward_model import TorchRewardModel
+  return TorchRewardModel.from_hf(model_path, config, trainable)
+
+
+def make_reward_loss(config: Any):
+  """The Bradley-Terry loss (`rm.loss_spec`) in the array type of `config.policy.backend`."""
+  if _backend(config) == "jax":
+    from dockyard.trainer_jax.reward_loss import reward_loss
+  else:
+    from dockyard.trainer_torch.reward_loss import reward_loss
+  return reward_loss
 
 
 def make_losses(config: Any) -> tuple[LossFn, LossFn]:

@@ -7,7 +7,8 @@ async); then `grpo.loop.grpo_train` over it (or, in eval mode, one validation pa
 split). A config with a `dpo` section (configs/dpo.py) runs `dpo.loop.dpo_train` instead: the
 policy, its frozen reference and the preference pairs, no Ray and no engines; one with an `sft`
 section (configs/sft.py) runs `supervised.loop.sft_train`: the policy, the chats, and a vLLM engine
-in this process for the generation metric. Whatever fails, every fleet is shut down on the way
+in this process for the generation metric; one with an `rm` section (configs/rm.py) runs
+`rm.loop.rm_train`: a reward model (decoder + scalar head) and the pairs. Whatever fails, every fleet is shut down on the way
 out, and the failing component is named in the error.
 """
 from __future__ import annotations
@@ -109,6 +110,21 @@ def build_env(config, tokenizer, stack: contextlib.ExitStack) -> tuple[Any, list
   return env, train, val, test
 
 
+def reward_model_env(config, env):
+  """`env`, or, when `env.reward_model.path` is set (configs/math.py), `env` rewarded by that
+  saved reward model (`envs.reward_model.RewardModelEnv`, on the policy's backend, scoring only)."""
+  if "reward_model" not in config.env or not config.env.reward_model.path:
+    return env
+  import transformers
+  from dockyard import policy_factory
+  from dockyard.envs.reward_model import RewardModelEnv
+  path = config.env.reward_model.path
+  model = policy_factory.make_reward_model(config, path, trainable=False)
+  return RewardModelEnv(env, model, transformers.AutoTokenizer.from_pretrained(path),
+                        max_seq_len=int(config.policy.max_seq_len),
+                        batch_size=int(config.env.reward_model.batch_size))
+
+
 def preference_pairs(config) -> tuple[list, list]:
   """(train, held-out) preference pairs: the JSONL files `data.train` / `data.validation`, or, when
   `data.train` is '', pairs made from the math env's splits (`config.env.math`)."""
@@ -148,6 +164,42 @@ def run_preference(config, paths: dict[str, str]) -> None:
   from dockyard import summary
   print(summary.render_preference(config, paths["workdir"], result, setup_s=setup_s,
                                   total_s=time.perf_counter() - t0), flush=True)
+
+
+def reward_pairs(config) -> tuple[list, list]:
+  """(train, held-out) pairs with margins (`rm.data`): the JSONL files `data.train` /
+  `data.validation`, or, when `data.train` is '', the math env's pairs (as `preference_pairs`)."""
+  from dockyard.rm import data as rm_data
+  if config.data.train:
+    val = rm_data.read_jsonl(config.data.validation) if config.data.validation else []
+    return rm_data.read_jsonl(config.data.train), val
+  from dockyard.envs import math as math_env
+  cfg = math_env.MathConfig.from_config(config)
+  env = math_env.MathEnv(cfg)
+  return rm_data.math_pairs(env, env.train), rm_data.math_pairs(env, env.validation)
+
+
+def run_reward_model(config, paths: dict[str, str]) -> None:
+  """A reward-model run (configs/rm.py): no Ray, no engines; the decoder + head on one device
+  (`policy_factory.make_reward_model`), the pairs, and `rm.loop.rm_train`."""
+  t0 = time.perf_counter()
+  with component("model", "preparing the model and its tokenizer"):
+    model_path = resolve_model(config)
+    import transformers
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)
+  with component("data"):
+    train_pairs, val_pairs = reward_pairs(config)
+  from dockyard import policy_factory
+  with component("trainer", f"building the {config.policy.backend} reward model"):
+    model = policy_factory.make_reward_model(config, model_path)
+  setup_s = time.perf_counter() - t0
+  from dockyard.rm.loop import rm_train
+  result = rm_train(config, model=model, tokenizer=tokenizer, train_pairs=train_pairs,
+                    val_pairs=val_pairs, workdir=paths["workdir"],
+                    loss_fn=policy_factory.make_reward_loss(config))
+  from dockyard import summary
+  print(summary.render_reward_model(config, paths["workdir"], result, setup_s=setup_s,
+                                    total_s=time.perf_counter() - t0), flush=True)
 
 
 def conversations(config) -> tuple[list, list]:
@@ -224,6 +276,9 @@ def run(config, paths: dict[str, str]) -> None:
   if "sft" in config:   # supervised fine-tuning: sft_loop over the Policy seam, one engine at most
     run_supervised(config, paths)
     return
+  if "rm" in config:    # a reward model: rm_train over the RewardModel seam, no fleets
+    run_reward_model(config, paths)
+    return
   from dockyard import ray_utils
   t0 = time.perf_counter()
   with contextlib.ExitStack() as stack:
@@ -237,6 +292,7 @@ def run(config, paths: dict[str, str]) -> None:
       tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)
     with component("env"):
       env, train_tasks, val_tasks, test_tasks = build_env(config, tokenizer, stack)
+      env = reward_model_env(config, env)
     if config.run.mode == "eval":   # generation only: no trainer (its weights and memory), no refit
       with component("rollout", "starting the vLLM rollout engines"):
         from dockyard.rollout.fleet import RolloutFleet

@@ -1,5 +1,5 @@
 """The end-of-run summary: start vs end validation metric, steps, time per phase, and the PNG curve
-(`render` for GRPO, `render_preference` for the DPO family, `render_sft` for SFT)."""
+(`render` for GRPO, `render_preference` for the DPO family, `render_sft` for SFT, `render_reward_model` for a reward model)."""
 from __future__ import annotations
 
 import os
@@ -89,6 +89,34 @@ def render_preference(config, workdir: str, result=None, setup_s: float = 0.0, t
   table.add_row("steps", str(max((r["step"] for r in rows if "time/step" in r), default=0)))
   table.add_row("set-up (model, trainer, reference)", f"{setup_s:.0f} s")
   for p in PREFERENCE_PHASES:
+    secs = sum(r.get(f"time/{p}") or 0.0 for r in rows)
+    if secs:
+      table.add_row(f"time: {p}", f"{secs:.0f} s")
+  return _finish(table, workdir, total_s)
+
+
+def render_reward_model(config, workdir: str, result=None, setup_s: float = 0.0, total_s: float = 0.0) -> str:
+  """A reward-model run (`rm.loop.rm_train`): held-out loss and accuracy first -> last, train loss,
+  where the model was saved, times."""
+  path = os.path.join(workdir, "metrics.jsonl")
+  rows = list(workdir_lib.by_step(workdir_lib.read_metrics(path)).values()) if os.path.exists(path) else []
+  table = Table(title=f"{config.run.name}: summary (reward model, {config.policy.backend})")
+  table.add_column("what")
+  table.add_column("value", justify="right")
+  for key in ("val/loss", "val/accuracy", "val/reward_margin"):
+    vals = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+    if vals:
+      table.add_row(f"{key}, first -> last",
+                    f"{vals[0][1]:.3f} (step {vals[0][0]}) -> {vals[-1][1]:.3f} (step {vals[-1][0]})")
+  losses = [r["train/loss"] for r in rows if r.get("train/loss") is not None]
+  if losses:
+    k = min(5, len(losses))
+    table.add_row(f"train/loss, first {k} steps -> last {k}",
+                  f"{sum(losses[:k]) / k:.3f} -> {sum(losses[-k:]) / k:.3f}")
+  if result is not None:
+    table.add_row("reward model saved to", result.model_dir)
+  table.add_row("set-up (model, head)", f"{setup_s:.0f} s")
+  for p in ("train", "validate"):
     secs = sum(r.get(f"time/{p}") or 0.0 for r in rows)
     if secs:
       table.add_row(f"time: {p}", f"{secs:.0f} s")

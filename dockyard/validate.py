@@ -123,6 +123,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if "sft" in config:   # supervised fine-tuning (configs/sft.py): no grpo or sandbox sections
     _validate_sft(config)
     return
+  if "rm" in config:    # a reward model (configs/rm.py): no grpo, rollout or sandbox sections
+    _validate_reward_model(config)
+    return
   grpo = config.grpo
   if config.run.mode not in ("train", "eval"):
     raise ConfigError("run.mode", f"must be 'train' or 'eval', got {config.run.mode!r}")
@@ -228,6 +231,13 @@ def validate(config: ml_collections.ConfigDict) -> None:
       math_env.MathConfig.from_config(config)
     except ValueError as err:
       raise ConfigError("env.math", str(err).removeprefix("env.math.")) from None
+  if "reward_model" in config.env and config.env.reward_model.path:
+    path = config.env.reward_model.path
+    if not os.path.exists(os.path.join(path, "config.json")):
+      raise ConfigError("env.reward_model.path", f"no reward model at {path!r} (a directory that "
+                        f"configs/rm.py saved: <workdir>/reward_model)")
+    if int(config.env.reward_model.batch_size) < 1:
+      raise ConfigError("env.reward_model.batch_size", f"must be >= 1, got {config.env.reward_model.batch_size}")
   if config.env.name == "swe" and config.env.code.reward not in ("resolved", "pass_rate"):
     raise ConfigError("env.code.reward", f"must be 'resolved' or 'pass_rate', got {config.env.code.reward!r}")
   eval_cfg = config.eval
@@ -402,6 +412,43 @@ def _validate_preference(config) -> None:
       raise ConfigError("env.math", str(err).removeprefix("env.math.")) from None
   if int(config.checkpoint.save_period) < 1:
     raise ConfigError("checkpoint.save_period", f"must be >= 1, got {config.checkpoint.save_period}")
+
+
+def _validate_reward_model(config) -> None:
+  """configs/rm.py: the backend, the loop's counts, the optimizer, and where the pairs come from."""
+  if config.policy.backend not in ("jax", "torch"):
+    raise ConfigError("policy.backend", f"must be 'jax' or 'torch', got {config.policy.backend!r}")
+  if str(config.policy.model_name_or_path).startswith("package:"):
+    from dockyard.models import packaged  # stdlib only: nothing heavy loads here
+    try:
+      packaged.check(config.policy.model_name_or_path)
+    except packaged.PackagedModelError as e:
+      raise ConfigError("policy.model_name_or_path", str(e)) from None
+  if int(config.policy.max_seq_len) < 2:
+    raise ConfigError("policy.max_seq_len", f"must be >= 2, got {config.policy.max_seq_len}")
+  rm = config.rm
+  for key in ("num_steps", "num_pairs_per_step"):
+    if int(rm[key]) < 1:
+      raise ConfigError(f"rm.{key}", f"must be >= 1, got {rm[key]}")
+  if int(rm.val_period) < 0:
+    raise ConfigError("rm.val_period", f"must be >= 0 (0: no validation), got {rm.val_period}")
+  optim = config.optim
+  if not float(optim.lr) > 0:
+    raise ConfigError("optim.lr", f"must be > 0, got {optim.lr}")
+  if not float(optim.weight_decay) >= 0:
+    raise ConfigError("optim.weight_decay", f"must be >= 0, got {optim.weight_decay}")
+  if not float(optim.max_grad_norm) > 0:
+    raise ConfigError("optim.max_grad_norm", f"must be > 0, got {optim.max_grad_norm}")
+  if config.data.train:
+    for key in ("train", "validation"):
+      path = config.data[key]
+      if path and not os.path.exists(path):
+        raise ConfigError(f"data.{key}", f"no preference pairs file at {path!r}")
+  else:
+    if config.data.validation:
+      raise ConfigError("data.validation", "set with data.train='' (pairs made from env.math, whose "
+                        "held-out split is the validation set): give data.train too, or leave both ''")
+    _validate_math_env(config)
 
 
 def _validate_math_env(config) -> None:

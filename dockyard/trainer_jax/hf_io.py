@@ -60,11 +60,12 @@ def abstract_decoder(c: ModelConfig, *, dtype=jnp.float32, param_dtype=jnp.float
 
 
 def from_hf(path: str, mesh=None, rules=(), *, dtype=jnp.float32, param_dtype=jnp.float32,
-            remat: bool = False) -> Decoder:
-  """Loads an HF checkpoint directory into a (sharded) NNX decoder."""
+            remat: bool = False, tensors: dict[str, np.ndarray] | None = None) -> Decoder:
+  """Loads an HF checkpoint directory into a (sharded) NNX decoder; `tensors`, when given, are
+  the directory's HF tensors already read (and edited: a reward model's, less its score head)."""
   c = ModelConfig.from_pretrained(path)
   mesh = mesh if mesh is not None else shd.make_mesh((1, 1, 1), devices=jax.devices()[:1])
-  arrays = name_map.from_hf(read_safetensors(path), c)
+  arrays = name_map.from_hf(read_safetensors(path) if tensors is None else tensors, c)
   model = abstract_decoder(c, dtype=dtype, param_dtype=param_dtype, remat=remat)
   graphdef, state = nnx.split(model)
   shardings = shd.state_shardings(state, rules, mesh)

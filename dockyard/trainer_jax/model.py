@@ -283,6 +283,17 @@ class Decoder(nnx.Module):
 
   def __call__(self, input_ids, attention_mask=None, positions=None, segment_ids=None,
                window: int | None = None):
+    x = self.hidden_states(input_ids, attention_mask, positions, segment_ids, window)
+    if self.lm_head is None:
+      logits = x @ self.embed.embedding[...].astype(self.dtype).T
+    else:
+      logits = self.lm_head(x)
+    return logits.astype(jnp.float32)
+
+  def hidden_states(self, input_ids, attention_mask=None, positions=None, segment_ids=None,
+                    window: int | None = None):
+    """The final-norm hidden states [B, T, hidden] the LM head reads (a reward model's score
+    head reads them too, `dockyard.trainer_jax.reward_model`); arguments as `__call__`."""
     b, t = input_ids.shape
     if positions is None:  # right padding: real tokens sit at 0..len-1
       positions = jnp.broadcast_to(jnp.arange(t)[None, :], (b, t))
@@ -304,12 +315,7 @@ class Decoder(nnx.Module):
       layer_fn = nnx.remat(layer_fn)
     for layer in self.layers:
       x = layer_fn(layer, x)
-    x = self.final_norm(x)
-    if self.lm_head is None:
-      logits = x @ self.embed.embedding[...].astype(self.dtype).T
-    else:
-      logits = self.lm_head(x)
-    return logits.astype(jnp.float32)
+    return self.final_norm(x)
 
 
 def token_logprobs(logits, input_ids):
