@@ -72,6 +72,20 @@ def _trainer_fleet(config, devices: int, nodes: str) -> Fleet:
                nodes)
 
 
+def _pair_data(config: ml_collections.ConfigDict, made_as: str, pairs_per_step: int) -> dict:
+  """The plan's data rows of a pair-trained run (DPO family, reward model): the JSONL files, or
+  the math env's pairs, made as `made_as` says."""
+  if config.data.train:
+    data = {"train": config.data.train, "validation": config.data.validation or "none"}
+  else:
+    math_cfg = config.env.math
+    data = {"train": f"{math_cfg.num_train} math pairs ({made_as}, {' '.join(math_cfg.ops)}, "
+                     f"operands {math_cfg.min_operand}-{math_cfg.max_operand}, seed {math_cfg.seed})",
+            "validation": f"{math_cfg.num_validation} held out"}
+  data["pairs_per_step"] = pairs_per_step
+  return data
+
+
 def preference_plan(config: ml_collections.ConfigDict) -> RunPlan:
   """configs/dpo.py: the trainer alone (and its frozen reference), no engines, no sandbox."""
   cluster, dpo = config.cluster, config.dpo
@@ -79,14 +93,7 @@ def preference_plan(config: ml_collections.ConfigDict) -> RunPlan:
   mesh_shape = validate.resolve_mesh_shape(config.mesh.shape, devices)
   fleets = [_trainer_fleet(config, devices, "node 0" if cluster.trainer_nodes == 1
                            else f"nodes 0-{cluster.trainer_nodes - 1}")]
-  if config.data.train:
-    data = {"train": config.data.train, "validation": config.data.validation or "none"}
-  else:
-    math_cfg = config.env.math
-    data = {"train": f"{math_cfg.num_train} math pairs (gold vs off-by-k, {' '.join(math_cfg.ops)}, "
-                     f"operands {math_cfg.min_operand}-{math_cfg.max_operand}, seed {math_cfg.seed})",
-            "validation": f"{math_cfg.num_validation} held out"}
-  data["pairs_per_step"] = dpo.num_pairs_per_step
+  data = _pair_data(config, "gold vs off-by-k", dpo.num_pairs_per_step)
   return RunPlan(
       variant=config.run.variant, mode="train", loop=str(dpo.mode), env="preference pairs",
       policy=_policy_name(config), backend=config.policy.backend, mesh_axes=tuple(config.mesh.axes),
@@ -120,14 +127,7 @@ def sft_plan(config: ml_collections.ConfigDict) -> RunPlan:
 
 def reward_model_plan(config: ml_collections.ConfigDict) -> RunPlan:
   """configs/rm.py: the reward model on one device of this process; no engines, no sandbox."""
-  if config.data.train:
-    data = {"train": config.data.train, "validation": config.data.validation or "none"}
-  else:
-    math_cfg = config.env.math
-    data = {"train": f"{math_cfg.num_train} math pairs (gold vs the answer in words, {' '.join(math_cfg.ops)}, "
-                     f"operands {math_cfg.min_operand}-{math_cfg.max_operand}, seed {math_cfg.seed})",
-            "validation": f"{math_cfg.num_validation} held out"}
-  data["pairs_per_step"] = config.rm.num_pairs_per_step
+  data = _pair_data(config, "gold vs the answer in words", config.rm.num_pairs_per_step)
   fleets = [Fleet("trainer", 1, {"device": 1}, "this process (the first GPU, else the CPU)", "node 0")]
   return RunPlan(
       variant=config.run.variant, mode="train", loop="reward model (Bradley-Terry)", env="preference pairs",

@@ -125,6 +125,14 @@ def reward_model_env(config, env):
                         batch_size=int(config.env.reward_model.batch_size))
 
 
+def model_and_tokenizer(config) -> tuple[str, Any]:
+  """The run's model directory (`resolve_model`) and its tokenizer, as the "model" component."""
+  with component("model", "preparing the model and its tokenizer"):
+    model_path = resolve_model(config)
+    import transformers
+    return model_path, transformers.AutoTokenizer.from_pretrained(model_path)
+
+
 def preference_pairs(config) -> tuple[list, list]:
   """(train, held-out) preference pairs: the JSONL files `data.train` / `data.validation`, or, when
   `data.train` is '', pairs made from the math env's splits (`config.env.math`)."""
@@ -144,10 +152,7 @@ def run_preference(config, paths: dict[str, str]) -> None:
   initial weights when the mode reads one (built as GRPO builds its KL reference: a second policy
   from the same checkpoint), and `dpo.loop.dpo_train`."""
   t0 = time.perf_counter()
-  with component("model", "preparing the model and its tokenizer"):
-    model_path = resolve_model(config)
-    import transformers
-    tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)
+  model_path, tokenizer = model_and_tokenizer(config)
   with component("data"):
     train_pairs, val_pairs = preference_pairs(config)
   from dockyard import policy_factory
@@ -183,10 +188,7 @@ def run_reward_model(config, paths: dict[str, str]) -> None:
   """A reward-model run (configs/rm.py): no Ray, no engines; the decoder + head on one device
   (`policy_factory.make_reward_model`), the pairs, and `rm.loop.rm_train`."""
   t0 = time.perf_counter()
-  with component("model", "preparing the model and its tokenizer"):
-    model_path = resolve_model(config)
-    import transformers
-    tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)
+  model_path, tokenizer = model_and_tokenizer(config)
   with component("data"):
     train_pairs, val_pairs = reward_pairs(config)
   from dockyard import policy_factory
@@ -245,10 +247,7 @@ def run_supervised(config, paths: dict[str, str]) -> None:
   """An SFT run (configs/sft.py): no Ray; the policy, the chats, and (when `sft.generate_period`
   > 0) the generation metric's engine; then `supervised.loop.sft_train`."""
   t0 = time.perf_counter()
-  with component("model", "preparing the model and its tokenizer"):
-    model_path = resolve_model(config)
-    import transformers
-    tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)
+  model_path, tokenizer = model_and_tokenizer(config)
   with component("data"):
     train, validation = conversations(config)
   from dockyard import policy_factory
@@ -286,10 +285,7 @@ def run(config, paths: dict[str, str]) -> None:
       ray = ray_utils.init_ray(config.run.ray_address)
       stack.callback(ray.shutdown)
       ray_utils.check_driver_node(ray)   # on a cluster with fleet roles: the trainer's node
-    with component("model", "preparing the model and its tokenizer"):
-      model_path = resolve_model(config)
-      import transformers
-      tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)
+    model_path, tokenizer = model_and_tokenizer(config)
     with component("env"):
       env, train_tasks, val_tasks, test_tasks = build_env(config, tokenizer, stack)
       env = reward_model_env(config, env)

@@ -66,17 +66,16 @@ def _finish(table: Table, workdir: str, total_s: float) -> str:
   return text
 
 
-PREFERENCE_PHASES = ("reference", "train", "validate", "checkpoint")
-
-
-def render_preference(config, workdir: str, result=None, setup_s: float = 0.0, total_s: float = 0.0) -> str:
-  """A DPO-family run (`dpo.loop.dpo_train`): held-out metrics first -> last, train loss, times."""
+def _first_last_table(config, workdir: str, kind: str, val_keys) -> tuple[Table, list[dict]]:
+  """The opening of a non-GRPO run's summary (DPO family, reward model, SFT): its metrics rows (one
+  per step), and a table titled with `kind` and the backend holding each of `val_keys` first ->
+  last and the mean train loss of the first 5 steps -> the last 5."""
   path = os.path.join(workdir, "metrics.jsonl")
   rows = list(workdir_lib.by_step(workdir_lib.read_metrics(path)).values()) if os.path.exists(path) else []
-  table = Table(title=f"{config.run.name}: summary ({config.dpo.mode}, {config.policy.backend})")
+  table = Table(title=f"{config.run.name}: summary ({kind}, {config.policy.backend})")
   table.add_column("what")
   table.add_column("value", justify="right")
-  for key in ("val/preference_loss", "val/reward_accuracy", "val/chosen_preferred", "val/reward_margin"):
+  for key in val_keys:
     vals = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
     if vals:
       table.add_row(f"{key}, first -> last",
@@ -86,40 +85,38 @@ def render_preference(config, workdir: str, result=None, setup_s: float = 0.0, t
     k = min(5, len(losses))
     table.add_row(f"train/loss, first {k} steps -> last {k}",
                   f"{sum(losses[:k]) / k:.3f} -> {sum(losses[-k:]) / k:.3f}")
-  table.add_row("steps", str(max((r["step"] for r in rows if "time/step" in r), default=0)))
-  table.add_row("set-up (model, trainer, reference)", f"{setup_s:.0f} s")
-  for p in PREFERENCE_PHASES:
+  return table, rows
+
+
+def _phase_rows(table: Table, rows: list[dict], phases) -> None:
+  """A "time: <phase>" row per phase that took any time, summed over the steps."""
+  for p in phases:
     secs = sum(r.get(f"time/{p}") or 0.0 for r in rows)
     if secs:
       table.add_row(f"time: {p}", f"{secs:.0f} s")
+
+
+PREFERENCE_PHASES = ("reference", "train", "validate", "checkpoint")
+
+
+def render_preference(config, workdir: str, result=None, setup_s: float = 0.0, total_s: float = 0.0) -> str:
+  """A DPO-family run (`dpo.loop.dpo_train`): held-out metrics first -> last, train loss, times."""
+  table, rows = _first_last_table(config, workdir, config.dpo.mode, (
+      "val/preference_loss", "val/reward_accuracy", "val/chosen_preferred", "val/reward_margin"))
+  table.add_row("steps", str(max((r["step"] for r in rows if "time/step" in r), default=0)))
+  table.add_row("set-up (model, trainer, reference)", f"{setup_s:.0f} s")
+  _phase_rows(table, rows, PREFERENCE_PHASES)
   return _finish(table, workdir, total_s)
 
 
 def render_reward_model(config, workdir: str, result=None, setup_s: float = 0.0, total_s: float = 0.0) -> str:
   """A reward-model run (`rm.loop.rm_train`): held-out loss and accuracy first -> last, train loss,
   where the model was saved, times."""
-  path = os.path.join(workdir, "metrics.jsonl")
-  rows = list(workdir_lib.by_step(workdir_lib.read_metrics(path)).values()) if os.path.exists(path) else []
-  table = Table(title=f"{config.run.name}: summary (reward model, {config.policy.backend})")
-  table.add_column("what")
-  table.add_column("value", justify="right")
-  for key in ("val/loss", "val/accuracy", "val/reward_margin"):
-    vals = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
-    if vals:
-      table.add_row(f"{key}, first -> last",
-                    f"{vals[0][1]:.3f} (step {vals[0][0]}) -> {vals[-1][1]:.3f} (step {vals[-1][0]})")
-  losses = [r["train/loss"] for r in rows if r.get("train/loss") is not None]
-  if losses:
-    k = min(5, len(losses))
-    table.add_row(f"train/loss, first {k} steps -> last {k}",
-                  f"{sum(losses[:k]) / k:.3f} -> {sum(losses[-k:]) / k:.3f}")
+  table, rows = _first_last_table(config, workdir, "reward model", ("val/loss", "val/accuracy", "val/reward_margin"))
   if result is not None:
     table.add_row("reward model saved to", result.model_dir)
   table.add_row("set-up (model, head)", f"{setup_s:.0f} s")
-  for p in ("train", "validate"):
-    secs = sum(r.get(f"time/{p}") or 0.0 for r in rows)
-    if secs:
-      table.add_row(f"time: {p}", f"{secs:.0f} s")
+  _phase_rows(table, rows, ("train", "validate"))
   return _finish(table, workdir, total_s)
 
 
@@ -128,25 +125,8 @@ SFT_PHASES = ("train", "validate", "generate", "checkpoint")
 
 def render_sft(config, workdir: str, result=None, setup_s: float = 0.0, total_s: float = 0.0) -> str:
   """An SFT run (`supervised.loop.sft_train`): held-out loss and pass@1 first -> last, train loss, times."""
-  path = os.path.join(workdir, "metrics.jsonl")
-  rows = list(workdir_lib.by_step(workdir_lib.read_metrics(path)).values()) if os.path.exists(path) else []
-  table = Table(title=f"{config.run.name}: summary (sft, {config.policy.backend})")
-  table.add_column("what")
-  table.add_column("value", justify="right")
-  for key in ("val/loss", "val/pass@1"):
-    vals = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
-    if vals:
-      table.add_row(f"{key}, first -> last",
-                    f"{vals[0][1]:.3f} (step {vals[0][0]}) -> {vals[-1][1]:.3f} (step {vals[-1][0]})")
-  losses = [r["train/loss"] for r in rows if r.get("train/loss") is not None]
-  if losses:
-    k = min(5, len(losses))
-    table.add_row(f"train/loss, first {k} steps -> last {k}",
-                  f"{sum(losses[:k]) / k:.3f} -> {sum(losses[-k:]) / k:.3f}")
+  table, rows = _first_last_table(config, workdir, "sft", ("val/loss", "val/pass@1"))
   table.add_row("steps", str(max((r["step"] for r in rows if "train/loss" in r), default=0)))
   table.add_row("set-up (model, trainer, engine)", f"{setup_s:.0f} s")
-  for p in SFT_PHASES:
-    secs = sum(r.get(f"time/{p}") or 0.0 for r in rows)
-    if secs:
-      table.add_row(f"time: {p}", f"{secs:.0f} s")
+  _phase_rows(table, rows, SFT_PHASES)
   return _finish(table, workdir, total_s)

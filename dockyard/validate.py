@@ -262,14 +262,19 @@ def _validate_policy(config) -> None:
   """policy.*: what both the GRPO and the preference runs build their trainer from."""
   if int(config.policy.seq_bucket) < 1:
     raise ConfigError("policy.seq_bucket", f"must be >= 1, got {config.policy.seq_bucket}")
-  if config.policy.backend not in ("jax", "torch"):
-    raise ConfigError("policy.backend", f"must be 'jax' or 'torch', got {config.policy.backend!r}")
+  _validate_backend_and_model(config)
   from dockyard.models.lora import LoRAConfig   # stdlib + NumPy: nothing heavy loads here
   try:
     LoRAConfig.from_config(config)
   except ValueError as err:   # "policy.lora.<key>: ..." -> the key it names
     key, _, message = str(err).partition(": ")
     raise ConfigError(key, message) from None
+
+
+def _validate_backend_and_model(config) -> None:
+  """policy.backend, and a `package:` model that its package must ship (checked without loading)."""
+  if config.policy.backend not in ("jax", "torch"):
+    raise ConfigError("policy.backend", f"must be 'jax' or 'torch', got {config.policy.backend!r}")
   if str(config.policy.model_name_or_path).startswith("package:"):
     from dockyard.models import packaged  # stdlib only: nothing heavy loads here
     try:
@@ -396,34 +401,16 @@ def _validate_preference(config) -> None:
   if micro < 2 or micro % 2:
     raise ConfigError("optim.micro_batch_size", f"must be even for preference pairs (rows 2i and 2i+1, "
                       f"a pair's chosen and rejected completions, stay in one micro-batch), got {micro}")
-  if config.data.train:
-    for key in ("train", "validation"):
-      path = config.data[key]
-      if path and not os.path.exists(path):
-        raise ConfigError(f"data.{key}", f"no preference pairs file at {path!r}")
-  else:
-    if config.data.validation:
-      raise ConfigError("data.validation", "set with data.train='' (pairs made from env.math, whose "
-                        "held-out split is the validation set): give data.train too, or leave both ''")
-    from dockyard.envs import math as math_env
-    try:
-      math_env.MathConfig.from_config(config)
-    except ValueError as err:
-      raise ConfigError("env.math", str(err).removeprefix("env.math.")) from None
+  _validate_data_files(config, "preference pairs", "pairs")
+  if not config.data.train:
+    _validate_math_env(config)
   if int(config.checkpoint.save_period) < 1:
     raise ConfigError("checkpoint.save_period", f"must be >= 1, got {config.checkpoint.save_period}")
 
 
 def _validate_reward_model(config) -> None:
   """configs/rm.py: the backend, the loop's counts, the optimizer, and where the pairs come from."""
-  if config.policy.backend not in ("jax", "torch"):
-    raise ConfigError("policy.backend", f"must be 'jax' or 'torch', got {config.policy.backend!r}")
-  if str(config.policy.model_name_or_path).startswith("package:"):
-    from dockyard.models import packaged  # stdlib only: nothing heavy loads here
-    try:
-      packaged.check(config.policy.model_name_or_path)
-    except packaged.PackagedModelError as e:
-      raise ConfigError("policy.model_name_or_path", str(e)) from None
+  _validate_backend_and_model(config)
   if int(config.policy.max_seq_len) < 2:
     raise ConfigError("policy.max_seq_len", f"must be >= 2, got {config.policy.max_seq_len}")
   rm = config.rm
@@ -439,16 +426,22 @@ def _validate_reward_model(config) -> None:
     raise ConfigError("optim.weight_decay", f"must be >= 0, got {optim.weight_decay}")
   if not float(optim.max_grad_norm) > 0:
     raise ConfigError("optim.max_grad_norm", f"must be > 0, got {optim.max_grad_norm}")
+  _validate_data_files(config, "preference pairs", "pairs")
+  if not config.data.train:
+    _validate_math_env(config)
+
+
+def _validate_data_files(config, what: str, made: str) -> None:
+  """data.train / data.validation: files of `what` that exist, or both '' (`made` from env.math,
+  whose held-out split is the validation set)."""
   if config.data.train:
     for key in ("train", "validation"):
       path = config.data[key]
       if path and not os.path.exists(path):
-        raise ConfigError(f"data.{key}", f"no preference pairs file at {path!r}")
-  else:
-    if config.data.validation:
-      raise ConfigError("data.validation", "set with data.train='' (pairs made from env.math, whose "
-                        "held-out split is the validation set): give data.train too, or leave both ''")
-    _validate_math_env(config)
+        raise ConfigError(f"data.{key}", f"no {what} file at {path!r}")
+  elif config.data.validation:
+    raise ConfigError("data.validation", f"set with data.train='' ({made} made from env.math, whose "
+                      "held-out split is the validation set): give data.train too, or leave both ''")
 
 
 def _validate_math_env(config) -> None:
@@ -473,14 +466,7 @@ def _validate_sft(config) -> None:
       raise ConfigError(f"sft.{key}", f"must be >= 0 (0: never), got {sft[key]}")
   if int(config.optim.micro_batch_size) < 1:
     raise ConfigError("optim.micro_batch_size", f"must be >= 1, got {config.optim.micro_batch_size}")
-  if config.data.train:
-    for key in ("train", "validation"):
-      path = config.data[key]
-      if path and not os.path.exists(path):
-        raise ConfigError(f"data.{key}", f"no chat data file at {path!r}")
-  elif config.data.validation:
-    raise ConfigError("data.validation", "set with data.train='' (chats made from env.math, whose "
-                      "held-out split is the validation set): give data.train too, or leave both ''")
+  _validate_data_files(config, "chat data", "chats")
   _validate_math_env(config)   # the default chats, and the generation metric's tasks
   if int(sft.generate_period) > 0:
     if int(config.env.math.num_validation) < 1:
