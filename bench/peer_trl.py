@@ -267,6 +267,19 @@ def side_eval(settings: dict, workdir: str, model_dir: str) -> dict:
   return dict(rate=report["rate"], n=report["n"])
 
 
+def trl_dataset(config):
+  """The math env of `config`, its training tasks by id, dockyard's prompt order (`train_prompt_order`)
+  and that order as TRL's dataset (the env's chat messages, unshuffled; the id for the reward)."""
+  from datasets import Dataset
+
+  from dockyard.envs.math import MathConfig, MathEnv
+  env = MathEnv(MathConfig.from_config(config))
+  order = train_prompt_order(config, env.train)
+  dataset = Dataset.from_list([{"prompt": env.prompt_messages(t), "instance_id": t["instance_id"]}
+                               for t in order])
+  return env, {t["instance_id"]: t for t in env.train}, order, dataset
+
+
 def score_for_trl(env, by_id, shaping, loop, completions, completion_ids, instance_ids):
   """TRL's reward-function call, answered by dockyard's own scoring (`MathEnv.score`, on `loop`)
   and shaping: (texts, raw rewards, shaped rewards)."""
@@ -282,20 +295,14 @@ def score_for_trl(env, by_id, shaping, loop, completions, completion_ids, instan
 
 def side_trl(settings: dict, workdir: str) -> dict:
   import torch
-  from datasets import Dataset
   from transformers import AutoTokenizer, TrainerCallback
   from trl import GRPOTrainer
 
-  from dockyard.envs.math import MathConfig, MathEnv
   from dockyard.grpo.shaping import ShapingConfig
 
   config = dockyard_config(settings)
   torch.manual_seed(int(config.run.seed))
-  env = MathEnv(MathConfig.from_config(config))
-  order = train_prompt_order(config, env.train)
-  by_id = {t["instance_id"]: t for t in env.train}
-  dataset = Dataset.from_list([{"prompt": env.prompt_messages(t), "instance_id": t["instance_id"]}
-                               for t in order])
+  env, by_id, order, dataset = trl_dataset(config)
   shaping = ShapingConfig.from_config(config)
   loop = asyncio.new_event_loop()
   seen: list[list[str]] = []   # the prompts of each reward call (one per generation batch = step)
@@ -394,12 +401,10 @@ def side_step_check(settings: dict, workdir: str) -> dict:
   logprobs = the policy's own); the two weight changes are compared."""
   import numpy as np
   import torch
-  from datasets import Dataset
   from transformers import AutoTokenizer
   from trl import GRPOTrainer
 
   from dockyard import policy_factory
-  from dockyard.envs.math import MathConfig, MathEnv
   from dockyard.grpo import harness
   from dockyard.grpo.batch import Group, make_train_batch
   from dockyard.grpo.shaping import ShapingConfig
@@ -413,11 +418,7 @@ def side_step_check(settings: dict, workdir: str) -> dict:
   config.policy.backend = settings["backend"]
   config.lock()
   torch.manual_seed(int(config.run.seed))
-  env = MathEnv(MathConfig.from_config(config))
-  order = train_prompt_order(config, env.train)
-  by_id = {t["instance_id"]: t for t in env.train}
-  dataset = Dataset.from_list([{"prompt": env.prompt_messages(t), "instance_id": t["instance_id"]}
-                               for t in order])
+  env, by_id, _, dataset = trl_dataset(config)
   tokenizer = AutoTokenizer.from_pretrained(settings["model_dir"])
   loop = asyncio.new_event_loop()
   seen: dict = {}
@@ -505,12 +506,10 @@ def side_step_check(settings: dict, workdir: str) -> dict:
     dot += float((t * d).sum())
     rel = float(np.linalg.norm(t - d) / max(np.linalg.norm(d), 1e-30))
     worst = max(worst, (rel, k))
-  scale = STEP_CHECK_LR / STEP_CHECK_EPS
   return dict(tensors=len(trl_delta), rel_diff=(diff2 / max(ref2, 1e-300)) ** 0.5,
               cosine=dot / max((ref2 * trl2) ** 0.5, 1e-300), worst_tensor=worst[1], worst_rel_diff=worst[0],
               pad_row=pad_row, pad_row_rel_diff=pad_rel,
               grad_norm_trl=float(trl_grad_norm), grad_norm_dockyard=float(metrics["train/grad_norm"]),
-              update_norm_over_scale_dockyard=ref2 ** 0.5 / scale,
               prompt_mismatch=int(prompt_mismatch), shaped_reward_max_diff=shaped_diff,
               is_weight_mean=float(metrics.get("train/is_weight_mean", float("nan"))),
               flat_groups=sum(float(np.ptp(g.shaped)) == 0 for g in groups), groups=len(groups),
