@@ -12,28 +12,16 @@ trained along) stays near its step-0 values or gets worse.
 import json
 import math
 import os
-import subprocess
-import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.integration.launched import launch
 
 MIN_PREFERRED_GAIN = 0.15   # val/chosen_preferred, last validation - step 0 (3 of the 20 pairs)
 MIN_LOSS_DROP = 0.03        # val/preference_loss, step 0 (log 2) - last validation
 
 
-def _launch(workdir, *args):
-  proc = subprocess.run([sys.executable, "-m", "dockyard.launch", f"--workdir={workdir}", *args,
-                         "--config.logging.tensorboard=False"],
-                        cwd=ROOT, capture_output=True, text=True, timeout=600,
-                        env=dict(os.environ, PYTHONPATH=ROOT))
-  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    return proc, [json.loads(line) for line in f if line.strip()]
-
-
 def test_tiny_dpo_learns_on_held_out_pairs(tmp_path):
   workdir = str(tmp_path / "dpo")
-  proc, rows = _launch(workdir, "--config=configs/dpo.py")
+  proc, rows = launch(workdir, "--config=configs/dpo.py")
   train = [r for r in rows if "train/loss" in r]
   val = [r for r in rows if "val/preference_loss" in r]
   assert [r["step"] for r in train] == list(range(1, 101))
@@ -61,7 +49,7 @@ def test_torch_backend_on_a_jsonl_of_pairs(tmp_path):
           f"--config.data.validation={tmp_path}/val.jsonl", "--config.dpo.val_period=2",
           "--config.dpo.num_pairs_per_step=4", "--config.optim.micro_batch_size=4",
           "--config.logging.png_curve=False"]
-  _, rows = _launch(workdir, *args, "--config.dpo.num_steps=2")
+  _, rows = launch(workdir, *args, "--config.dpo.num_steps=2")
   train = [r for r in rows if "train/loss" in r]
   val = [r for r in rows if "val/loss" in r]
   assert [r["step"] for r in train] == [1, 2] and [r["step"] for r in val] == [0, 2]
@@ -69,6 +57,6 @@ def test_torch_backend_on_a_jsonl_of_pairs(tmp_path):
   assert all(math.isfinite(r["val/loss"]) for r in val)
   assert abs(train[0]["train/reward_margin"]) < 1e-5   # step 1: the policy is still the reference
   # Again into the same workdir with one more step: it resumes from checkpoints/latest (step 2).
-  _, rows = _launch(workdir, *args, "--config.dpo.num_steps=3")
+  _, rows = launch(workdir, *args, "--config.dpo.num_steps=3")
   assert [r["step"] for r in rows if "train/loss" in r] == [1, 2, 3]
   assert [r["step"] for r in rows if "val/loss" in r] == [0, 2]

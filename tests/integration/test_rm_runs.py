@@ -9,27 +9,15 @@ and 0.50 -> 1.00 (torch, 10 steps), val/loss 0.70 -> 0.00. A head read at the wr
 wrong sign or rows not interleaved as the loss reads them stay near chance or go to 0.
 """
 import asyncio
-import json
 import math
 import os
-import subprocess
-import sys
 
 import numpy as np
 import transformers
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.integration.launched import launch
+
 MIN_ACCURACY = 0.9    # val/accuracy at the last validation: 18 of the 20 held-out pairs
-
-
-def _launch(workdir, *args):
-  proc = subprocess.run([sys.executable, "-m", "dockyard.launch", f"--workdir={workdir}", *args,
-                         "--config.logging.tensorboard=False"],
-                        cwd=ROOT, capture_output=True, text=True, timeout=600,
-                        env=dict(os.environ, PYTHONPATH=ROOT))
-  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    return proc, [json.loads(line) for line in f if line.strip()]
 
 
 def _check_learning(rows, steps):
@@ -47,7 +35,7 @@ def _check_learning(rows, steps):
 
 def test_tiny_rm_learns_and_scores_the_math_env(tmp_path):
   workdir = str(tmp_path / "rm")
-  proc, rows = _launch(workdir, "--config=configs/rm.py")
+  proc, rows = launch(workdir, "--config=configs/rm.py")
   _check_learning(rows, 20)
   assert "rm_tiny: summary" in proc.stdout
   # The saved reward model as the math GRPO config's reward (env.reward_model.path), built as the
@@ -77,5 +65,5 @@ def test_tiny_rm_learns_and_scores_the_math_env(tmp_path):
 
 
 def test_torch_backend_learns(tmp_path):
-  _, rows = _launch(str(tmp_path / "rm_torch"), "--config=configs/rm.py:torch", "--config.rm.num_steps=10")
+  _, rows = launch(str(tmp_path / "rm_torch"), "--config=configs/rm.py:torch", "--config.rm.num_steps=10")
   _check_learning(rows, 10)

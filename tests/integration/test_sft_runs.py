@@ -10,33 +10,25 @@ made from the seed, and the data is fixed). A loop that does not train (a mask o
 instead of the answer, a learning rate of 0, a resume that restarts from the initial weights) stays
 near the step-0 loss of ~7 or jumps back to it.
 """
-import json
 import math
 import os
-import subprocess
-import sys
 import time
 
 import pytest
 
+from tests.integration.launched import launch
+
 pytestmark = pytest.mark.slow
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MAX_LOSS_AT_20 = 4.0   # held-out NLL per answer token after 20 steps (measured 2.36; 7.05 at 0)
 
 
 def _launch(workdir, *args, config="configs/sft.py"):
   t0 = time.perf_counter()
-  proc = subprocess.run([sys.executable, "-m", "dockyard.launch", f"--config={config}",
-                         f"--workdir={workdir}", "--config.logging.tensorboard=False",
-                         "--config.logging.png_curve=False", "--config.sft.val_period=10",
-                         "--config.checkpoint.save_period=10", *args],
-                        cwd=ROOT, capture_output=True, text=True, timeout=600,
-                        env=dict(os.environ, PYTHONPATH=ROOT))
-  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  out = launch(workdir, f"--config={config}", "--config.logging.png_curve=False",
+               "--config.sft.val_period=10", "--config.checkpoint.save_period=10", *args)
   print(f"launch {' '.join(args)}: {time.perf_counter() - t0:.0f} s")
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    return proc, [json.loads(line) for line in f if line.strip()]
+  return out
 
 
 def test_tiny_sft_lowers_held_out_loss_and_resumes(tmp_path):
