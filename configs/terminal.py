@@ -4,7 +4,8 @@ checker run after the episode) played in sandbox sessions; the checker's verdict
 The tasks are generated (`dockyard.data.terminal`, deterministic in `env.terminal.seed`): 24 per
 family by default, five families (files, text, scripts, git, archives); train on some families,
 validate and test on the others (`train_families` / `heldout_families`), so the held-out success
-rate measures transfer to kinds of tasks never trained on. Every task's oracle passes its checker
+rate measures transfer to kinds of tasks never trained on; `heldout_fraction` also (or instead)
+holds out the last part of each train family's tasks (the same kinds, new instances). Every task's oracle passes its checker
 and doing nothing fails it (tests/sandbox/test_terminal_tasks.py). On this machine:
 
   python -m dockyard.launch --config=configs/terminal.py:tiny --workdir=workdirs/terminal
@@ -29,6 +30,9 @@ def get_config(arg=None):
       tasks_per_family=24,
       train_families=("files", "text", "scripts"),
       heldout_families=("git", "archives"),
+      # > 0: also hold out the last fraction of each train family's tasks (same templates, new
+      # names and contents), which measures generalization within the trained kinds.
+      heldout_fraction=0.0,
   )
   config.env.code.max_in_flight = 64 if full else 16   # live sessions at once
   config.grpo.sft_warmup.steps = 0

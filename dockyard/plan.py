@@ -174,7 +174,11 @@ def make_plan(config: ml_collections.ConfigDict) -> RunPlan:
     terminal = config.env.terminal
     data = {"train": f"{terminal.tasks_per_family} generated per family of "
                      f"{', '.join(terminal.train_families)} (seed {terminal.seed})",
-            "validation": f"held-out families {', '.join(terminal.heldout_families)}"}
+            "validation": "; ".join(
+                ([f"held-out families {', '.join(terminal.heldout_families)}"]
+                 if terminal.heldout_families else [])
+                + ([f"the last {terminal.heldout_fraction:g} of each train family's tasks"]
+                   if terminal.heldout_fraction else []))}
   elif config.env.name == "choice":   # multiple-choice questions generated in process (dockyard.envs.choice)
     choice_cfg = config.env.choice
     data = {"train": f"{choice_cfg.num_train} generated ({' '.join(choice_cfg.kinds)}, "

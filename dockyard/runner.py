@@ -78,13 +78,14 @@ def build_env(config, tokenizer, stack: contextlib.ExitStack) -> tuple[Any, list
     cfg = choice_env.ChoiceConfig.from_config(config)
     train, val = choice_env.make_dataset(cfg)
     return choice_env.ChoiceEnv(cfg), train, val, val
-  if config.env.name == "terminal":   # generated tasks, split by family; held out = val = test
+  if config.env.name == "terminal":   # generated tasks, split by family / instance; held out = val = test
     from dockyard.data import terminal as terminal_data
     from dockyard.agent.envs import TerminalEnv
     terminal = config.env.terminal
     tasks = terminal_data.make_tasks(terminal.seed, terminal.tasks_per_family,
                                      tuple(terminal.train_families) + tuple(terminal.heldout_families))
-    train, heldout = terminal_data.split(tasks, terminal.train_families, terminal.heldout_families)
+    train, heldout = terminal_data.split(tasks, terminal.train_families, terminal.heldout_families,
+                                         terminal.heldout_fraction)
     return TerminalEnv(sandbox_client(config, stack)), train, heldout, heldout
   from dockyard.data import swe as swe_data
   from dockyard.envs.swe import SweEnv

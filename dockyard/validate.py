@@ -489,26 +489,37 @@ def _validate_sft(config) -> None:
 
 
 def _validate_terminal(config) -> None:
-  """env.terminal: the generated task set and its split by family."""
+  """env.terminal: the generated task set and its split (by family and/or by instance)."""
   if "agent" not in config:
     raise ConfigError("agent", "env.name='terminal' is played in sandbox sessions: the config needs "
                       "an agent section (see configs/terminal.py)")
+  keys = {"seed", "tasks_per_family", "train_families", "heldout_families", "heldout_fraction"}
   if "terminal" not in config.env:
-    raise ConfigError("env.terminal", "missing (seed, tasks_per_family, train_families, heldout_families)")
+    raise ConfigError("env.terminal", f"missing ({', '.join(sorted(keys))})")
   from dockyard.data import terminal as terminal_data
   terminal = config.env.terminal
-  unknown = sorted(set(terminal) - {"seed", "tasks_per_family", "train_families", "heldout_families"})
+  unknown = sorted(set(terminal) - keys)
   if unknown:
     raise ConfigError("env.terminal", f"unknown keys {unknown}")
+  missing = sorted(keys - set(terminal))
+  if missing:
+    raise ConfigError("env.terminal", f"missing keys {missing}")
   if terminal.tasks_per_family < 1:
     raise ConfigError("env.terminal.tasks_per_family", f"must be >= 1, got {terminal.tasks_per_family}")
   for key in ("train_families", "heldout_families"):
     families = tuple(terminal[key])
     bad = sorted(set(families) - set(terminal_data.FAMILIES))
-    if not families or bad:
+    if bad or (key == "train_families" and not families):
       raise ConfigError(f"env.terminal.{key}", f"must name families of {list(terminal_data.FAMILIES)}, "
                         f"got {list(families)}")
   both = sorted(set(terminal.train_families) & set(terminal.heldout_families))
   if both:
-    raise ConfigError("env.terminal.heldout_families", f"{both} are also train families: the split "
-                      "is by family")
+    raise ConfigError("env.terminal.heldout_families", f"{both} are also train families: a family "
+                      "is held out whole or split by heldout_fraction, not both")
+  fraction, n = float(terminal.heldout_fraction), int(terminal.tasks_per_family)
+  if not 0.0 <= fraction < 1.0 or (fraction > 0 and not 1 <= round(n * fraction) < n):
+    raise ConfigError("env.terminal.heldout_fraction", f"must hold out at least one and keep at least "
+                      f"one of each train family's {n} tasks (a value in [0, 1)), got {fraction}")
+  if not terminal.heldout_families and fraction == 0:
+    raise ConfigError("env.terminal.heldout_families", "nothing is held out: name held-out families "
+                      "or set env.terminal.heldout_fraction > 0")

@@ -12,9 +12,10 @@ A task is a record the sandbox serves as a session (`dockyard.sandbox.task.Termi
 Like a Terminal-Bench task (instruction, environment, reference solution, tests run after the
 agent), but generated: `make_tasks(seed, per_family)` draws `per_family` tasks from each family's
 templates with a `random.Random` seeded by (seed, family, index), so the set is the same on every
-machine and nothing is committed. Families: files, text, scripts, git, archives; the train and
-held-out splits are made by family (`split`), so held-out success measures transfer to kinds of
-tasks never trained on. Every task's oracle passes its checker and doing nothing fails it, through
+machine and nothing is committed. Families: files, text, scripts, git, archives. `split` holds
+out whole families (success there measures transfer to kinds of tasks never trained on) and/or
+the last `heldout_fraction` of each train family's instances (the same templates with new names
+and contents: success there measures generalization within the kinds trained on). Every task's oracle passes its checker and doing nothing fails it, through
 the real sandbox (tests/sandbox/test_terminal_tasks.py). Checkers read only /testbed and use only
 coreutils, grep, awk, sed, git, tar and gzip.
 """
@@ -335,11 +336,23 @@ def make_tasks(seed: int = 0, per_family: int = 24,
   return tasks
 
 
-def split(tasks: Sequence[dict], train_families: Sequence[str],
-          heldout_families: Sequence[str]) -> tuple[list[dict], list[dict]]:
-  """(train, held-out) by family; a family may not be in both."""
+def split(tasks: Sequence[dict], train_families: Sequence[str], heldout_families: Sequence[str],
+          heldout_fraction: float = 0.0) -> tuple[list[dict], list[dict]]:
+  """(train, held-out): the held-out families' tasks, plus the last round(n * heldout_fraction)
+  of each train family's n tasks (templates are taken in turn, so a held-out block of at least
+  as many tasks as the family has templates covers every template). A family may not be in both
+  lists; every train family keeps at least one task."""
   both = sorted(set(train_families) & set(heldout_families))
   if both:
     raise ValueError(f"families {both} are in both the train and the held-out split")
-  return ([t for t in tasks if t["family"] in train_families],
-          [t for t in tasks if t["family"] in heldout_families])
+  if not 0.0 <= heldout_fraction < 1.0:
+    raise ValueError(f"heldout_fraction must be in [0, 1), got {heldout_fraction}")
+  train, heldout = [], [t for t in tasks if t["family"] in heldout_families]
+  for family in train_families:
+    own = [t for t in tasks if t["family"] == family]
+    keep = len(own) - round(len(own) * heldout_fraction)
+    if keep < 1:
+      raise ValueError(f"heldout_fraction={heldout_fraction} leaves no {family!r} task to train on")
+    train += own[:keep]
+    heldout += own[keep:]
+  return train, heldout

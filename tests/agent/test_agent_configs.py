@@ -30,8 +30,37 @@ def test_the_terminal_config_builds_its_split_task_set():
   assert held[0]["check"] not in str(messages)
 
 
+def test_heldout_fraction_holds_out_new_instances_of_every_template():
+  tasks = terminal.make_tasks(0, 24, ("files", "git"))
+  train, held = terminal.split(tasks, ("files",), ("git",), heldout_fraction=1 / 3)
+  files_held = [t for t in held if t["family"] == "files"]
+  assert len(train) == 16 and len(files_held) == 8 and len(held) == 8 + 24
+  assert {t["instance_id"] for t in train}.isdisjoint(t["instance_id"] for t in held)
+  # Every files template is trained on and held out, with different instances.
+  assert {t["template"] for t in files_held} == {t["template"] for t in train} == {
+      f.__name__.lstrip("_") for f in terminal.TEMPLATES["files"]}
+  # New instances: no held-out task is a train task (some templates fix the instruction and
+  # vary only the starting files).
+  def whole(t):
+    return t["instruction"], tuple(sorted(t["files"].items())), t["setup"], t["check"]
+  assert {whole(t) for t in files_held}.isdisjoint(whole(t) for t in train)
+  assert terminal.split(tasks, ("files",), ("git",)) == (tasks[:24], tasks[24:])   # 0: by family only
+  with pytest.raises(ValueError, match="no 'files' task"):
+    terminal.split(tasks[:1], ("files",), (), heldout_fraction=0.9)
+
+
+def test_an_instance_split_alone_validates_and_plans():
+  config = terminal_config.get_config("tiny")
+  config.env.terminal.update(heldout_families=(), heldout_fraction=0.25)
+  validate.validate(config)
+  assert "the last 0.25 of each train family's tasks" in plan.make_plan(config).render()
+
+
 @pytest.mark.parametrize("override,key", [
     (dict(train_families=("files", "git"), heldout_families=("git",)), "env.terminal.heldout_families"),
+    (dict(heldout_families=()), "env.terminal.heldout_families"),
+    (dict(heldout_fraction=1.0), "env.terminal.heldout_fraction"),
+    (dict(tasks_per_family=2, heldout_fraction=0.1), "env.terminal.heldout_fraction"),
     (dict(train_families=("files", "nope")), "env.terminal.train_families"),
     (dict(tasks_per_family=0), "env.terminal.tasks_per_family"),
     (dict(extra=1), "env.terminal"),
