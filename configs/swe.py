@@ -120,6 +120,10 @@ def get_config(arg=None):
 
   # grpo: the algorithm and the loop.
   config.grpo = dict(
+      # The update the loop takes on each step's scored groups: "policy_gradient" (GRPO: the
+      # clipped PG loss, loss_fn.*) or "dpo" (online DPO on each group's best-vs-worst pair, with
+      # the preference loss of a grpo.preference section: configs/online_dpo.py).
+      objective="policy_gradient",
       num_prompts_per_step=8 if full else 4,
       num_generations_per_prompt=8,
       # Optimizer steps per batch (PPO-style minibatches of its sequences). 1: one step, the ratio

@@ -167,6 +167,8 @@ def make_plan(config: ml_collections.ConfigDict) -> RunPlan:
                         {"CPU": max(config.sandbox.slots, 1)}, "SPREAD",
                         "every node (fleet_sandbox nodes where the cluster advertises fleet roles)"))
   loop = "async" if config.grpo.async_grpo.enabled else "sync"
+  if config.grpo.objective == "dpo":   # online DPO: the same loop, a preference step on best-vs-worst pairs
+    loop += f", online {config.grpo.preference.mode} update"
   policy = _policy_name(config)
   if config.env.name == "swe":
     data = {"train": config.data.train, "validation": config.data.validation, "test": config.data.test}

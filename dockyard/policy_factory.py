@@ -4,9 +4,9 @@
 (`dockyard.trainer_torch.policy.TorchPolicy`). Each is imported only when chosen, so a JAX run
 never imports torch's distributed stack and a torch run never imports JAX. A `LossFn` is written
 in the backend's array type, so the runner takes the loop's losses from here too (`make_losses`)
-and hands them to `grpo.loop.grpo_train` (and the preference loss to `dpo.loop.dpo_train`; the
-reward model and its loss to `rm.loop.rm_train`): neither dockyard.grpo, dockyard.dpo nor
-dockyard.rm imports this module.
+and hands them to `grpo.loop.grpo_train` with the loop's update for `grpo.objective`
+(`make_update`; and the preference loss to `dpo.loop.dpo_train`; the reward model and its loss
+to `rm.loop.rm_train`): neither dockyard.grpo, dockyard.dpo nor dockyard.rm imports this module.
 """
 from __future__ import annotations
 
@@ -44,14 +44,15 @@ def make_loss(config: Any, kind: str = "pg") -> LossFn:
   return losses.make_pg_loss(LossConfig.from_config(config)) if kind == "pg" else losses.nll_loss
 
 
-def make_preference_loss(config: Any) -> LossFn:
-  """The DPO-family loss on `config.dpo` (`dpo.loss_spec.PreferenceConfig`), in the backend's array type."""
+def make_preference_loss(config: Any, section: Any = None) -> LossFn:
+  """The DPO-family loss (`dpo.loss_spec.PreferenceConfig`) on `section` (default `config.dpo`), in
+  the backend's array type."""
   from dockyard.dpo.loss_spec import PreferenceConfig
   if _backend(config) == "jax":
     from dockyard.trainer_jax.preference_loss import make_preference_loss
   else:
     from dockyard.trainer_torch.preference_loss import make_preference_loss
-  return make_preference_loss(PreferenceConfig.from_config(config))
+  return make_preference_loss(PreferenceConfig.from_config(config.dpo if section is None else section))
 
 
 def make_reward_model(config: Any, model_path: str, trainable: bool = True):
@@ -73,6 +74,21 @@ def make_reward_loss(config: Any):
   return reward_loss
 
 
+def make_update(config: Any):
+  """The GRPO loop's update (`grpo.step.Update`) for `config.grpo.objective`: GRPO's policy-gradient
+  step, or online DPO's preference step on best-vs-worst pairs (`dockyard.dpo.online`)."""
+  if config.grpo.objective == "dpo":
+    from dockyard.dpo.loss_spec import PreferenceConfig
+    from dockyard.dpo.online import online_dpo_update
+    return online_dpo_update(PreferenceConfig.from_config(config.grpo.preference))
+  from dockyard.grpo.step import POLICY_GRADIENT
+  return POLICY_GRADIENT
+
+
 def make_losses(config: Any) -> tuple[LossFn, LossFn]:
-  """(clipped-PG loss, SFT NLL loss) in the array type of `config.policy.backend`."""
-  return make_loss(config, "pg"), make_loss(config, "nll")
+  """(the GRPO loop's update loss, SFT NLL loss) in the array type of `config.policy.backend`: the
+  update loss is the clipped-PG loss, or under grpo.objective='dpo' the preference loss on
+  `config.grpo.preference` (online DPO, `dockyard.dpo.online`)."""
+  update = (make_preference_loss(config, config.grpo.preference) if config.grpo.objective == "dpo"
+            else make_loss(config, "pg"))
+  return update, make_loss(config, "nll")

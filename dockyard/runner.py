@@ -161,7 +161,7 @@ def run_preference(config, paths: dict[str, str]) -> None:
   with component("trainer", f"building the {config.policy.backend} trainer"):
     policy = policy_factory.make_policy(config, model_path)
     reference = (policy_factory.make_policy(config, model_path)
-                 if PreferenceConfig.from_config(config).needs_reference else None)
+                 if PreferenceConfig.from_config(config.dpo).needs_reference else None)
   setup_s = time.perf_counter() - t0
   from dockyard.dpo.loop import dpo_train
   result = dpo_train(config, policy=policy, reference=reference, tokenizer=tokenizer,
@@ -320,6 +320,7 @@ def run(config, paths: dict[str, str]) -> None:
     result = grpo_train(config, source=source, policy=policy, generator=generator, synchronizer=synchronizer,
                         env=env, tokenizer=tokenizer, train_tasks=train_tasks, val_tasks=val_tasks,
                         workdir=paths["workdir"], losses=policy_factory.make_losses(config),
+                        update=policy_factory.make_update(config),
                         reference=lambda: policy_factory.make_policy(config, model_path))
     from dockyard import summary
     print(summary.render(config, paths["workdir"], result, setup_s=setup_s,

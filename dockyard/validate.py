@@ -150,6 +150,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
                         f"must be <= rollout.max_model_len ({config.rollout.max_model_len})")
   if grpo.advantage.estimator not in ("grpo", "gdpo", "reinforce++"):
     raise ConfigError("grpo.advantage.estimator", f"unknown estimator {grpo.advantage.estimator!r}")
+  _validate_update(config)
   if grpo.async_grpo.enabled:
     if not config.loss_fn.use_importance_sampling_correction:
       raise ConfigError("loss_fn.use_importance_sampling_correction",
@@ -304,7 +305,7 @@ def _validate_packing(config, preference: bool = False) -> None:
     key = "policy.packing_row_tokens" if row else "optim.micro_batch_tokens"
     raise ConfigError(key, "a preference loss pairs rows 2i and 2i+1 inside one micro-batch; packing "
                       "and token-budget micro-batches regroup sequences by length and would split "
-                      "pairs: leave it 0 for configs/dpo.py")
+                      "pairs: leave it 0 for preference losses (configs/dpo.py, online DPO)")
   if not preference:
     # A row (or a micro-batch) must hold a whole sequence: a prompt plus up to max_new_tokens.
     need = int(config.rollout.max_new_tokens) + 1
@@ -378,6 +379,55 @@ def _validate_family(config) -> None:
                         f"split: add ('expert', 'expert')")
 
 
+PREFERENCE_KEYS = ("mode", "beta", "label_smoothing", "dpop_lambda", "length_alpha", "sft_weight",
+                   "simpo_gamma", "orpo_lambda")
+
+
+def _validate_update(config) -> None:
+  """grpo.objective: the policy-gradient step, or online DPO with its grpo.preference section."""
+  grpo = config.grpo
+  if grpo.objective not in ("policy_gradient", "dpo"):
+    raise ConfigError("grpo.objective", f"must be 'policy_gradient' or 'dpo', got {grpo.objective!r}")
+  if grpo.objective != "dpo":
+    if "preference" in grpo:
+      raise ConfigError("grpo.preference", "is online DPO's loss and is read only with "
+                        "grpo.objective='dpo'")
+    return
+  if "preference" not in grpo:
+    raise ConfigError("grpo.preference", f"grpo.objective='dpo' needs the preference loss's options "
+                      f"({', '.join(PREFERENCE_KEYS)}): see configs/online_dpo.py")
+  unknown = sorted(set(grpo.preference) - set(PREFERENCE_KEYS))
+  missing = sorted(set(PREFERENCE_KEYS) - set(grpo.preference))
+  if unknown or missing:
+    raise ConfigError("grpo.preference", f"unknown keys {unknown}, missing keys {missing}" if unknown
+                      else f"missing keys {missing}")
+  from dockyard.dpo.loss_spec import PreferenceConfig   # NumPy only: no model, no backend
+  try:
+    PreferenceConfig.from_config(grpo.preference)
+  except ValueError as err:   # "preference.<field> ..." -> the key it came from
+    message = str(err).removeprefix("preference.")
+    field = message.split(" ", 1)[0].split("=", 1)[0]
+    raise ConfigError(f"grpo.preference.{field}" if field in PREFERENCE_KEYS else "grpo.preference",
+                      message) from None
+  if grpo.num_generations_per_prompt < 2:
+    raise ConfigError("grpo.num_generations_per_prompt", "online DPO pairs the best and the worst "
+                      f"of each prompt's completions: must be >= 2, got {grpo.num_generations_per_prompt}")
+  if float(config.loss_fn.reference_policy_kl_penalty) != 0:
+    raise ConfigError("loss_fn.reference_policy_kl_penalty", "is the policy-gradient loss's KL term; "
+                      "online DPO's tie to the reference is grpo.preference.beta: set it to 0")
+  if grpo.num_minibatches != 1:
+    raise ConfigError("grpo.num_minibatches", "online DPO takes one preference step a batch: must be 1")
+  _validate_packing(config, preference=True)
+  _validate_pair_micro_batch(config)
+
+
+def _validate_pair_micro_batch(config) -> None:
+  micro = int(config.optim.micro_batch_size)
+  if micro < 2 or micro % 2:
+    raise ConfigError("optim.micro_batch_size", f"must be even for preference pairs (rows 2i and 2i+1, "
+                      f"a pair's chosen and rejected completions, stay in one micro-batch), got {micro}")
+
+
 def _validate_preference(config) -> None:
   """configs/dpo.py: the preference loss's options (PreferenceConfig's own checks, the one place
   for those rules), the loop's counts, and where the pairs come from."""
@@ -386,7 +436,7 @@ def _validate_preference(config) -> None:
   _validate_packing(config, preference=True)
   from dockyard.dpo.loss_spec import PreferenceConfig   # NumPy only: no model, no backend
   try:
-    PreferenceConfig.from_config(config)
+    PreferenceConfig.from_config(config.dpo)
   except ValueError as err:   # "preference.<field> ..." -> the key it came from
     message = str(err).removeprefix("preference.")
     field = message.split(" ", 1)[0].split("=", 1)[0]
@@ -397,10 +447,7 @@ def _validate_preference(config) -> None:
       raise ConfigError(f"dpo.{key}", f"must be >= 1, got {dpo[key]}")
   if int(dpo.val_period) < 0:
     raise ConfigError("dpo.val_period", f"must be >= 0 (0: no validation), got {dpo.val_period}")
-  micro = int(config.optim.micro_batch_size)
-  if micro < 2 or micro % 2:
-    raise ConfigError("optim.micro_batch_size", f"must be even for preference pairs (rows 2i and 2i+1, "
-                      f"a pair's chosen and rejected completions, stay in one micro-batch), got {micro}")
+  _validate_pair_micro_batch(config)
   _validate_data_files(config, "preference pairs", "pairs")
   if not config.data.train:
     _validate_math_env(config)

@@ -92,7 +92,7 @@ def dpo_train(config, *, policy: Policy, reference: Policy | None, tokenizer,
   make_preference_loss(config)`, the policy's backend); `reference` (the initial weights, frozen)
   is needed by the modes that read reference logprobs (dpo, ipo) and ignored by the others."""
   dpo = config.dpo
-  cfg = PreferenceConfig.from_config(config)
+  cfg = PreferenceConfig.from_config(config.dpo)
   if cfg.needs_reference and reference is None:
     raise ValueError(f"dpo.mode={cfg.mode!r} needs a reference policy (the initial weights)")
   pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

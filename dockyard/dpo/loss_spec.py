@@ -117,9 +117,10 @@ class PreferenceConfig:
                        "0.1); at 0 the loss is plain SFT on the chosen completions")
 
   @classmethod
-  def from_config(cls, config) -> "PreferenceConfig":
-    """From `config.dpo` (configs/dpo.py); its other keys (steps, pairs per step) are the loop's."""
-    dpo = config.dpo
+  def from_config(cls, dpo) -> "PreferenceConfig":
+    """From a config section holding the loss's options: `config.dpo` (configs/dpo.py, whose other
+    keys, steps and pairs per step, are the offline loop's) or `config.grpo.preference` (online
+    DPO in the GRPO loop, configs/online_dpo.py)."""
     return cls(mode=str(dpo.mode), beta=float(dpo.beta), label_smoothing=float(dpo.label_smoothing),
                dpop_lambda=float(dpo.dpop_lambda), length_alpha=float(dpo.length_alpha),
                sft_weight=float(dpo.sft_weight), simpo_gamma=float(dpo.simpo_gamma),

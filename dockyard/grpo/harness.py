@@ -71,7 +71,7 @@ def max_in_flight(config) -> int:
 @dataclasses.dataclass
 class RunSettings:
   """What the run derives from the config before the first step."""
-  pg_loss: LossFn
+  update_loss: LossFn   # the update's loss: clipped PG, or the preference loss (grpo.objective='dpo')
   nll: LossFn
   kl_coef: float
   is_cap: float | None
@@ -84,9 +84,9 @@ class RunSettings:
   @classmethod
   def build(cls, config, tokenizer, losses: tuple[LossFn, LossFn],
             reference: Policy | Callable[[], Policy] | None = None) -> "RunSettings":
-    """`losses`: (clipped-PG loss, SFT NLL) in the policy's array type, from
+    """`losses`: (the update's loss, SFT NLL) in the policy's array type, from
     `policy_factory.make_losses(config)`: the loop never picks a backend."""
-    pg_loss, nll = losses
+    update_loss, nll = losses
     kl_coef = float(config.loss_fn.reference_policy_kl_penalty)
     if kl_coef != 0 and reference is None:
       raise ValueError("loss_fn.reference_policy_kl_penalty != 0 needs a reference policy "
@@ -95,7 +95,7 @@ class RunSettings:
               if config.loss_fn.use_importance_sampling_correction else None)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     rollout = config.rollout
-    return cls(pg_loss=pg_loss, nll=nll, kl_coef=kl_coef, is_cap=is_cap, pad_id=pad_id,
+    return cls(update_loss=update_loss, nll=nll, kl_coef=kl_coef, is_cap=is_cap, pad_id=pad_id,
                max_in_flight=max_in_flight(config), sampling=sampling_params(config),
                val_sampling=SamplingParams(temperature=rollout.val_temperature, top_p=1.0,
                                            max_tokens=rollout.max_new_tokens, seed=config.run.seed),
@@ -178,14 +178,15 @@ class Validator:
 
 
 def resolve_reference(config, policy: Policy, reference: Policy | Callable[[], Policy] | None,
-                      ckpt_root: str, warm_started: bool) -> Policy | None:
-  """The reference policy of the KL penalty, or None when the penalty is 0.
+                      ckpt_root: str, warm_started: bool, needed: bool) -> Policy | None:
+  """The reference policy (of the KL penalty, or of an update that reads one), or None when not
+  `needed`.
 
   `reference` is a Policy (used as is) or a callable building one from the initial checkpoint.
   The reference is the policy GRPO starts from: after an SFT warm start, its weights are saved to
   checkpoints/reference/ (through `Policy.save`) and loaded into the built one, also on resume.
   """
-  if float(config.loss_fn.reference_policy_kl_penalty) == 0 or reference is None:
+  if not needed or reference is None:
     return None
   if not callable(reference) or isinstance(reference, Policy):
     return reference

@@ -2,7 +2,8 @@
 
 Set-up (resume or SFT warm start, the KL reference, the source's start), then per step: the
 source hands over scored groups -> advantages (dynamic sampling may drop flat groups) ->
-one policy update -> the weights pushed to the engines (inside the source's `around_refit`) ->
+one policy update (`update`: GRPO's policy-gradient step, or e.g. online DPO's preference step
+on each group's best-vs-worst pair, `dockyard.dpo.online`) -> the weights pushed to the engines (inside the source's `around_refit`) ->
 validation and checkpoints when due -> one metrics row; then teardown. Synchronous or
 asynchronous GRPO differ only in the source (`dockyard.grpo.source`); the step pieces are in
 `step.py`, the settings / validator / checkpoints / progress around them in `harness.py`.
@@ -17,7 +18,7 @@ from dockyard import workdir as workdir_lib
 from dockyard.grpo import harness
 from dockyard.grpo.harness import RunSettings, TrainResult, Validator, timed
 from dockyard.grpo.source import TrajectorySource
-from dockyard.grpo.step import assign_advantages, refit, update_policy
+from dockyard.grpo.step import POLICY_GRADIENT, Update, assign_advantages, refit
 from dockyard.policy import LossFn, Policy
 from dockyard.rollout.base import Generator
 
@@ -25,14 +26,20 @@ from dockyard.rollout.base import Generator
 def grpo_train(config, *, source: TrajectorySource, policy: Policy, generator: Generator, synchronizer, env,
                tokenizer, train_tasks: Sequence[Mapping[str, Any]], val_tasks: Sequence[Mapping[str, Any]],
                workdir: str, losses: tuple[LossFn, LossFn],
-               reference: Policy | Callable[[], Policy] | None = None, progress: bool = True) -> TrainResult:
+               reference: Policy | Callable[[], Policy] | None = None, update: Update = POLICY_GRADIENT,
+               progress: bool = True) -> TrainResult:
   """GRPO for `config.grpo.max_num_steps` steps on the groups `source` supplies; resumes from
   workdir/checkpoints (the source's state included).
 
   `generator` and `env` serve validation; `train_tasks` the SFT warm start; `losses` is
-  (clipped-PG loss, SFT NLL) for the policy's backend (`policy_factory.make_losses`);
-  `reference` (needed when the KL penalty is on): see `harness.resolve_reference`.
+  (the update's loss, SFT NLL) for the policy's backend (`policy_factory.make_losses`); `update`
+  the step taken on the kept groups (`policy_factory.make_update`: grpo.objective);
+  `reference` (needed when the KL penalty is on or `update.reads_reference`): see
+  `harness.resolve_reference`.
   """
+  if update.reads_reference and reference is None:
+    raise ValueError(f"the {update.name} update reads a reference policy: pass reference=a Policy, or "
+                     "a callable that builds one from the initial checkpoint")
   grpo = config.grpo
   settings = RunSettings.build(config, tokenizer, losses, reference)
   ckpt_root = os.path.join(workdir, "checkpoints")
@@ -46,7 +53,8 @@ def grpo_train(config, *, source: TrajectorySource, policy: Policy, generator: G
                                      tokenizer=tokenizer, train_tasks=train_tasks, writer=writer,
                                      nll=settings.nll, ckpt_root=ckpt_root, progress=progress)
     reference = harness.resolve_reference(config, policy, reference, ckpt_root,
-                                          warm_started=grpo.sft_warmup.steps > 0)
+                                          warm_started=grpo.sft_warmup.steps > 0,
+                                          needed=settings.kl_coef != 0 or update.reads_reference)
     source.start(workdir, start, state)
     if grpo.val_at_start and start == 0 and validator.tasks:
       writer.write(0, validator(0))
@@ -60,7 +68,7 @@ def grpo_train(config, *, source: TrajectorySource, policy: Policy, generator: G
       metrics.update(rollout)
       if kept:
         with timed(times, "train"):
-          metrics.update(update_policy(policy, kept, settings, reference))
+          metrics.update(update.fn(policy, kept, settings, reference))
         with timed(times, "refit"), source.around_refit(step):
           metrics.update(refit(synchronizer))
       else:   # every group was flat and dynamic sampling dropped them all: nothing to learn

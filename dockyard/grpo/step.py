@@ -14,7 +14,8 @@ Nothing here knows a backend or engine: the `Policy` / `Generator` seams, a weig
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Mapping, Sequence
+import dataclasses
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -189,9 +190,23 @@ def train_on_groups(policy: Policy, groups: Sequence[Group], loss_fn: LossFn, *,
 def update_policy(policy: Policy, groups: Sequence[Group], settings, reference: Policy | None) -> dict[str, float]:
   """One GRPO update on the kept groups with the run's settings (`harness.RunSettings`: loss,
   KL coefficient, IS cap, padding, minibatches, the sampling temperature)."""
-  return train_on_groups(policy, groups, settings.pg_loss, pad_id=settings.pad_id, kl_coef=settings.kl_coef,
+  return train_on_groups(policy, groups, settings.update_loss, pad_id=settings.pad_id, kl_coef=settings.kl_coef,
                          reference=reference, is_cap=settings.is_cap, num_minibatches=settings.num_minibatches,
                          temperature=settings.sampling.temperature)
+
+
+@dataclasses.dataclass(frozen=True)
+class Update:
+  """What the loop does with a step's kept groups: `fn(policy, groups, settings, reference) ->
+  metrics` (`settings`: `harness.RunSettings`, whose `update_loss` is this update's loss);
+  `reads_reference`: fn reads the reference policy, which the loop then builds as the KL penalty's
+  (the policy after the SFT warm start); `name` for the plan and logs."""
+  fn: Callable[..., dict[str, float]]
+  reads_reference: bool = False
+  name: str = "policy_gradient"
+
+
+POLICY_GRADIENT = Update(update_policy)   # GRPO's clipped policy-gradient step (grpo.objective default)
 
 
 def refit(synchronizer) -> dict[str, float]:

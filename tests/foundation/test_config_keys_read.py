@@ -21,6 +21,7 @@ import pytest
 from configs import dpo as dpo_config
 from configs import eval as eval_config
 from configs import math as math_config
+from configs import online_dpo as online_dpo_config
 from configs import rm as rm_config
 from configs import sft as sft_config
 from configs import swe as swe_config
@@ -35,6 +36,7 @@ SHIPPED = [(swe_config, a) for a in ("tiny", "full", "torch", "sync", "full,torc
     (dpo_config, a) for a in ("tiny", "torch", "mode=ipo", "mode=simpo", "mode=orpo,torch")] + [
     (sft_config, a) for a in ("tiny", "torch", "smollm")] + [
     (rm_config, a) for a in ("tiny", "torch")] + [
+    (online_dpo_config, a) for a in ("tiny", "torch", "smollm", "mode=simpo")] + [
     (eval_config, f"set={s}") for s in eval_config.SETS]
 
 

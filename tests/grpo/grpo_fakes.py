@@ -30,9 +30,10 @@ WEIGHT = "bigram.weight"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def math_config(**over):
-  """configs/math.py at a size the fakes run in seconds; `over` = {"dotted.key": value}."""
-  config = validate.load_config_file(os.path.join(ROOT, "configs/math.py"))
+def math_config(spec: str = "configs/math.py", **over):
+  """configs/math.py (or a config built on it, `spec`) at a size the fakes run in seconds;
+  `over` = {"dotted.key": value}."""
+  config = validate.load_config_file(os.path.join(ROOT, spec))
   config.grpo.num_prompts_per_step, config.grpo.num_generations_per_prompt = 4, 8
   config.grpo.max_num_steps, config.grpo.val_period, config.grpo.max_val_samples = 12, 4, 8
   config.grpo.sft_warmup.steps = 0
@@ -219,4 +220,5 @@ def run_grpo(config, *, policy, generator, synchronizer, env, tokenizer, train_t
                        synchronizer=synchronizer)
   return grpo_train(config, source=source, policy=policy, generator=generator, synchronizer=synchronizer,
                     env=env, tokenizer=tokenizer, train_tasks=train_tasks, val_tasks=val_tasks, workdir=workdir,
-                    losses=policy_factory.make_losses(config), **kw)
+                    losses=policy_factory.make_losses(config), update=policy_factory.make_update(config),
+                    **kw)

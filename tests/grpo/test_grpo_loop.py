@@ -140,7 +140,7 @@ def test_the_loop_trains_at_the_sampling_temperature(tokenizer):
   assert m["is/ratio_min"] == pytest.approx(1.0, abs=1e-4)
   assert m["is/ratio_max"] == pytest.approx(1.0, abs=1e-4)
   assert m["train/sequences"] == 16
-  raw = step.train_on_groups(raw_policy, kept, settings.pg_loss, pad_id=0, is_cap=2.0,
+  raw = step.train_on_groups(raw_policy, kept, settings.update_loss, pad_id=0, is_cap=2.0,
                              kl_coef=settings.kl_coef, reference=reference, temperature=1.0)
   assert raw["is/logprob_abs_diff_mean"] > 0.1
 

@@ -1,6 +1,9 @@
-"""configs/dpo.py end to end through `python -m dockyard.launch` (no Ray, no engines: the trainer, its
-frozen reference and the pairs): the tiny default learns on held-out pairs with the JAX trainer,
-and the torch trainer runs a couple of steps on a user's TRL-schema JSONL, then resumes.
+"""configs/dpo.py and configs/online_dpo.py end to end through `python -m dockyard.launch`.
+
+configs/dpo.py (no Ray, no engines: the trainer, its frozen reference and the pairs): the tiny
+default learns on held-out pairs with the JAX trainer, and the torch trainer runs a couple of steps
+on a user's TRL-schema JSONL, then resumes. configs/online_dpo.py (the GRPO loop with the
+preference step): a few steps through Ray, the CPU vLLM engine and the refit canary.
 
 The JAX run is the config's default (100 steps of DPO + the chosen NLL on the math pairs, ~1 minute
 here). Measured on seeds 0 / 1 / 2 (docs/dpo.md): held-out val/chosen_preferred 0.55 -> 0.80,
@@ -60,3 +63,24 @@ def test_torch_backend_on_a_jsonl_of_pairs(tmp_path):
   _, rows = launch(workdir, *args, "--config.dpo.num_steps=3")
   assert [r["step"] for r in rows if "train/loss" in r] == [1, 2, 3]
   assert [r["step"] for r in rows if "val/loss" in r] == [0, 2]
+
+
+def test_online_dpo_runs_through_the_launcher(tmp_path):
+  """configs/online_dpo.py (the GRPO loop: Ray, the CPU vLLM engine, refit with the canary) with
+  the preference step: a few steps of the tiny default, the reference built from the warm start."""
+  workdir = str(tmp_path / "online")
+  proc, rows = launch(workdir, "--config=configs/online_dpo.py", "--config.grpo.sft_warmup.steps=20",
+                      "--config.grpo.max_num_steps=3", "--config.grpo.val_period=3",
+                      "--config.logging.png_curve=False")
+  steps = [r for r in rows if "reward/raw_mean" in r]
+  assert [r["step"] for r in steps] == [1, 2, 3]
+  trained = [r for r in steps if not r.get("train/skipped")]
+  assert trained, "no step had a group with distinct rewards"
+  for r in trained:
+    assert r["train/pairs"] >= 1 and math.isfinite(r["train/preference_loss"])
+    assert math.isfinite(r["refit/canary/max_abs_logprob_delta"])   # the canary checked the refit
+  # Step 1's policy is the reference (the warm-started weights): every implicit reward is 0.
+  if not steps[0].get("train/skipped"):
+    assert abs(steps[0]["train/reward_margin"]) < 1e-4
+  assert [r["step"] for r in rows if "val/accuracy" in r] == [0, 3]
+  assert os.path.isdir(os.path.join(workdir, "checkpoints", "reference"))
