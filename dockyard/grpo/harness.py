@@ -285,7 +285,8 @@ def curve_panels(config) -> list[workdir_lib.Panel]:
   Validation: `val/pass@1` (every env has it) with its 95% Wilson interval, and the checkpoint
   metric beside it when that is another (`val/resolve_rate`, `val/accuracy`). The KL panel only
   with a KL penalty (without one no reference is kept and the KL is 0), the clip fraction only
-  with several minibatches a step (with one, the update's ratio is 1 and nothing is clipped).
+  with several minibatches a step (with one, the update's ratio is 1 and nothing is clipped), the
+  preference loss and margin only under online DPO (grpo.objective='dpo').
   """
   metric = config.checkpoint.metric
   panels = [workdir_lib.Panel("reward/raw_mean", smooth=10),
@@ -297,6 +298,9 @@ def curve_panels(config) -> list[workdir_lib.Panel]:
              workdir_lib.Panel("rollout/completion_len_mean", also=("val/completion_len_mean",))]
   if int(config.grpo.num_minibatches) > 1:
     panels.append(workdir_lib.Panel("train/clip_fraction"))
+  if config.grpo.objective == "dpo":   # online DPO's step: its loss and implicit-reward margin
+    panels += [workdir_lib.Panel("train/preference_loss", smooth=10),
+               workdir_lib.Panel("train/reward_margin", smooth=10)]
   return panels
 
 
