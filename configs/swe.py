@@ -64,6 +64,7 @@ def get_config(arg=None):
           vocab_size=1024,    # the tokenizer is trained locally to this size
           tie_word_embeddings=True,
           max_position_embeddings=4096,
+          tokenizer_from="",  # '': that local tokenizer; or a model (dir | package:<name>) whose tokenizer to take
       ),
       dtype="bfloat16" if full else "float32",         # compute dtype
       param_dtype="float32",

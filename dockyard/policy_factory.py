@@ -74,15 +74,38 @@ def make_reward_loss(config: Any):
   return reward_loss
 
 
-def make_update(config: Any):
+def make_update(config: Any, tokenizer: Any = None):
   """The GRPO loop's update (`grpo.step.Update`) for `config.grpo.objective`: GRPO's policy-gradient
-  step, or online DPO's preference step on best-vs-worst pairs (`dockyard.dpo.online`)."""
+  step, online DPO's preference step on best-vs-worst pairs (`dockyard.dpo.online`), or on-policy
+  distillation (`dockyard.distill`: its teachers are built here, each checked to share the student's
+  `tokenizer`)."""
+  if config.grpo.objective == "distill":
+    from dockyard.distill import distill_update
+    from dockyard.models import packaged
+    distill = config.grpo.distill
+    teachers = []
+    for spec in distill.teachers:
+      path = packaged.resolve_path(spec)
+      _check_same_tokenizer(path, tokenizer)
+      teachers.append(make_policy(config, path))
+    weights = tuple(distill.weights) or (1.0 / len(teachers),) * len(teachers)
+    return distill_update(teachers, weights, float(distill.reward_weight))
   if config.grpo.objective == "dpo":
     from dockyard.dpo.loss_spec import PreferenceConfig
     from dockyard.dpo.online import online_dpo_update
     return online_dpo_update(PreferenceConfig.from_config(config.grpo.preference))
   from dockyard.grpo.step import POLICY_GRADIENT
   return POLICY_GRADIENT
+
+
+def _check_same_tokenizer(path: str, tokenizer: Any) -> None:
+  """A distillation teacher scores the student's token ids: it must read them as the same tokens."""
+  import transformers
+  theirs = transformers.AutoTokenizer.from_pretrained(path)
+  if tokenizer is None or theirs.get_vocab() != tokenizer.get_vocab():
+    raise ValueError(f"grpo.distill.teachers: {path!r} has another tokenizer than the student's; a "
+                     "teacher must share the student's vocabulary (cross-tokenizer alignment is not "
+                     "implemented)")
 
 
 def make_losses(config: Any) -> tuple[LossFn, LossFn]:

@@ -44,11 +44,9 @@ def component(name: str, doing: str = ""):
 
 def resolve_model(config) -> str:
   spec = config.policy.model_name_or_path
-  if spec.startswith("package:"):  # a model a pip package ships: converted once, cached
+  if spec:   # a path, or a model a pip package ships (`package:<name>`: converted once, cached)
     from dockyard.models import packaged
-    return packaged.resolve(spec)
-  if spec:
-    return spec
+    return packaged.resolve_path(spec)
   from dockyard.models import tiny
   return tiny.make_tiny_model(dict(config.policy.tiny), seed=config.run.seed)
 
@@ -320,7 +318,7 @@ def run(config, paths: dict[str, str]) -> None:
     result = grpo_train(config, source=source, policy=policy, generator=generator, synchronizer=synchronizer,
                         env=env, tokenizer=tokenizer, train_tasks=train_tasks, val_tasks=val_tasks,
                         workdir=paths["workdir"], losses=policy_factory.make_losses(config),
-                        update=policy_factory.make_update(config),
+                        update=policy_factory.make_update(config, tokenizer),
                         reference=lambda: policy_factory.make_policy(config, model_path))
     from dockyard import summary
     print(summary.render(config, paths["workdir"], result, setup_s=setup_s,

@@ -150,7 +150,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
                         f"must be <= rollout.max_model_len ({config.rollout.max_model_len})")
   if grpo.advantage.estimator not in ("grpo", "gdpo", "reinforce++"):
     raise ConfigError("grpo.advantage.estimator", f"unknown estimator {grpo.advantage.estimator!r}")
-  _validate_update(config)
+  _validate_objective(config)
   if grpo.async_grpo.enabled:
     if not config.loss_fn.use_importance_sampling_correction:
       raise ConfigError("loss_fn.use_importance_sampling_correction",
@@ -276,12 +276,16 @@ def _validate_backend_and_model(config) -> None:
   """policy.backend, and a `package:` model that its package must ship (checked without loading)."""
   if config.policy.backend not in ("jax", "torch"):
     raise ConfigError("policy.backend", f"must be 'jax' or 'torch', got {config.policy.backend!r}")
-  if str(config.policy.model_name_or_path).startswith("package:"):
-    from dockyard.models import packaged  # stdlib only: nothing heavy loads here
-    try:
-      packaged.check(config.policy.model_name_or_path)
-    except packaged.PackagedModelError as e:
-      raise ConfigError("policy.model_name_or_path", str(e)) from None
+  specs = [("policy.model_name_or_path", str(config.policy.model_name_or_path))]
+  if not config.policy.model_name_or_path and "tiny" in config.policy:   # the tiny model made locally
+    specs.append(("policy.tiny.tokenizer_from", str(config.policy.tiny.get("tokenizer_from", ""))))
+  for key, spec in specs:
+    if spec.startswith("package:"):
+      from dockyard.models import packaged  # stdlib only: nothing heavy loads here
+      try:
+        packaged.check(spec)
+      except packaged.PackagedModelError as e:
+        raise ConfigError(key, str(e)) from None
 
 
 def _validate_packing(config, preference: bool = False) -> None:
@@ -383,15 +387,21 @@ PREFERENCE_KEYS = ("mode", "beta", "label_smoothing", "dpop_lambda", "length_alp
                    "simpo_gamma", "orpo_lambda")
 
 
-def _validate_update(config) -> None:
-  """grpo.objective: the policy-gradient step, or online DPO with its grpo.preference section."""
+OBJECTIVE_SECTIONS = {"dpo": "preference", "distill": "distill"}   # grpo.objective -> its grpo section
+
+
+def _validate_objective(config) -> None:
+  """grpo.objective: the policy-gradient step, online DPO (grpo.preference) or on-policy
+  distillation (grpo.distill); each section only with its objective."""
   grpo = config.grpo
-  if grpo.objective not in ("policy_gradient", "dpo"):
-    raise ConfigError("grpo.objective", f"must be 'policy_gradient' or 'dpo', got {grpo.objective!r}")
+  if grpo.objective not in ("policy_gradient", "dpo", "distill"):
+    raise ConfigError("grpo.objective", f"must be 'policy_gradient', 'dpo' or 'distill', got {grpo.objective!r}")
+  for objective, section in OBJECTIVE_SECTIONS.items():
+    if section in grpo and grpo.objective != objective:
+      raise ConfigError(f"grpo.{section}", f"is read only with grpo.objective={objective!r}")
+  if grpo.objective == "distill":
+    _validate_distill(config)
   if grpo.objective != "dpo":
-    if "preference" in grpo:
-      raise ConfigError("grpo.preference", "is online DPO's loss and is read only with "
-                        "grpo.objective='dpo'")
     return
   if "preference" not in grpo:
     raise ConfigError("grpo.preference", f"grpo.objective='dpo' needs the preference loss's options "
@@ -419,6 +429,44 @@ def _validate_update(config) -> None:
     raise ConfigError("grpo.num_minibatches", "online DPO takes one preference step a batch: must be 1")
   _validate_packing(config, preference=True)
   _validate_pair_micro_batch(config)
+
+
+DISTILL_KEYS = ("teachers", "weights", "reward_weight")
+
+
+def _validate_distill(config) -> None:
+  """grpo.distill: teachers that exist (checked without loading), weights that mix them, and the
+  samples every group keeps (a group flat in reward still carries the teachers' signal)."""
+  grpo = config.grpo
+  if "distill" not in grpo:
+    raise ConfigError("grpo.distill", f"grpo.objective='distill' needs ({', '.join(DISTILL_KEYS)}): "
+                      "see configs/distill.py")
+  distill = grpo.distill
+  unknown, missing = sorted(set(distill) - set(DISTILL_KEYS)), sorted(set(DISTILL_KEYS) - set(distill))
+  if unknown or missing:
+    raise ConfigError("grpo.distill", f"unknown keys {unknown}, missing keys {missing}")
+  teachers = tuple(distill.teachers)
+  if not teachers:
+    raise ConfigError("grpo.distill.teachers", "names no teacher: give one or more HF directories (or "
+                      "package:<name>) of models that share the student's tokenizer")
+  from dockyard.models import packaged  # stdlib only: nothing heavy loads here
+  for spec in teachers:
+    if str(spec).startswith("package:"):
+      try:
+        packaged.check(spec)
+      except packaged.PackagedModelError as e:
+        raise ConfigError("grpo.distill.teachers", str(e)) from None
+    elif not os.path.isfile(os.path.join(str(spec), "config.json")):
+      raise ConfigError("grpo.distill.teachers", f"{spec!r} is not an HF model directory (no config.json)")
+  weights = tuple(float(w) for w in distill.weights)
+  if weights and (len(weights) != len(teachers) or min(weights) < 0 or abs(sum(weights) - 1) > 1e-6):
+    raise ConfigError("grpo.distill.weights", f"must be one weight >= 0 per teacher, summing to 1 (or "
+                      f"empty: equal weights), got {list(weights)} for {len(teachers)} teachers")
+  if float(distill.reward_weight) < 0:
+    raise ConfigError("grpo.distill.reward_weight", f"must be >= 0, got {distill.reward_weight}")
+  if grpo.dynamic_sampling:
+    raise ConfigError("grpo.dynamic_sampling", "on-policy distillation learns from every sample "
+                      "(a group flat in reward still has the teachers' per-token signal): set it False")
 
 
 def _validate_pair_micro_batch(config) -> None:

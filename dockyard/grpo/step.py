@@ -163,11 +163,15 @@ def split_rows(batch: TrainBatch, parts: int) -> list[TrainBatch]:
 def train_on_groups(policy: Policy, groups: Sequence[Group], loss_fn: LossFn, *, pad_id: int,
                     kl_coef: float = 0.0, reference: Policy | None = None,
                     is_cap: float | None = None, pad_multiple: int = PAD_MULTIPLE,
-                    num_minibatches: int = 1, temperature: float = 1.0) -> dict[str, float]:
+                    num_minibatches: int = 1, temperature: float = 1.0,
+                    advantage_fn: Callable[[TrainBatch], tuple[np.ndarray, dict]] | None = None,
+                    ) -> dict[str, float]:
   """Packs the groups, recomputes prev (and reference) logprobs once, then takes one optimizer
   step per minibatch (`num_minibatches` row slices; metrics are their mean, `lr` the last).
   `temperature`: what the groups were sampled at; prev, reference and trained logprobs are all
-  of softmax(logits / T), the distribution the engine's generation logprobs describe."""
+  of softmax(logits / T), the distribution the engine's generation logprobs describe.
+  `advantage_fn(batch) -> (advantages [B] or [B, T], metrics)`, when given, replaces the groups'
+  advantages once the batch holds its prev logprobs (on-policy distillation's per-token ones)."""
   batch = make_train_batch(groups, pad_id, pad_multiple, temperature)
   m = batch.loss_mask
   # prev_logprobs: the policy as it is before this step, so the ratio starts at exactly 1.
@@ -178,6 +182,10 @@ def train_on_groups(policy: Policy, groups: Sequence[Group], loss_fn: LossFn, *,
                        "reference=... or set the penalty to 0")
     batch.extras["reference_logprobs"] = np.asarray(reference.logprobs(batch), np.float32) * m
   metrics = importance_stats(batch.extras["prev_logprobs"], batch.extras["generation_logprobs"], m, is_cap)
+  if advantage_fn is not None:
+    advantages, extra = advantage_fn(batch)
+    batch.extras["advantages"] = np.asarray(advantages, np.float32)
+    metrics.update(extra)
   steps = [policy.train_step(mb, loss_fn) for mb in split_rows(batch, num_minibatches)]
   for k in steps[0]:
     metrics[f"train/{k}"] = float(steps[-1][k] if k == "lr" else np.mean([float(s[k]) for s in steps]))

@@ -205,6 +205,12 @@ def _write_manifest(out_dir: str, m: PackagedModel, seconds: float) -> None:
     json.dump(manifest, f, indent=2)
 
 
+def resolve_path(spec: str) -> str:
+  """A model spec as configs write it -> a local HF directory: `package:<name>` through `resolve`,
+  anything else is already a path."""
+  return resolve(spec) if spec.startswith("package:") else spec
+
+
 def resolve(spec: str, convert_fn=None) -> str:
   """The local HF directory of `package:<name>`, converted once per machine and hash-checked.
 

@@ -36,6 +36,10 @@ DEFAULT_SPEC = dict(
     family="qwen2", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
     num_attention_heads=4, num_key_value_heads=2, vocab_size=1024, tie_word_embeddings=True,
     max_position_embeddings=4096,
+    # '': train a byte-level BPE tokenizer here (of vocab_size); else a model (HF directory or
+    # package:<name>) whose tokenizer the tiny model takes, vocab_size with it: a small random
+    # student that reads the same token ids as that model (on-policy distillation's default).
+    tokenizer_from="",
 )
 
 
@@ -109,20 +113,34 @@ def make_tiny_model(spec: Mapping | None = None, out_dir: str | None = None, see
   spec = {**DEFAULT_SPEC, **dict(spec or {})}
   if spec["family"] == "qwen3_moe":   # the expert knobs are part of what the cache key names
     spec = {**MOE_DEFAULTS, **spec}
-  key = hashlib.sha256(json.dumps({**spec, "seed": seed, "v": 1}, sort_keys=True).encode()).hexdigest()[:12]
+  named = {k: v for k, v in spec.items() if k != "tokenizer_from" or v}   # '' keeps the older keys
+  key = hashlib.sha256(json.dumps({**named, "seed": seed, "v": 1}, sort_keys=True).encode()).hexdigest()[:12]
   out_dir = out_dir or os.path.join(cache_root(), "models", f"tiny-{spec['family']}-{key}")
   if os.path.exists(os.path.join(out_dir, "model.safetensors")) and os.path.exists(
       os.path.join(out_dir, "tokenizer.json")):
     return out_dir
   tmp = out_dir + f".tmp{os.getpid()}"
   os.makedirs(tmp, exist_ok=True)
-  train_tokenizer(tmp, spec["vocab_size"])
+  if spec["tokenizer_from"]:
+    from dockyard.models import packaged
+    tokenizer = transformers.AutoTokenizer.from_pretrained(packaged.resolve_path(spec["tokenizer_from"]))
+    if tokenizer.eos_token_id is None or tokenizer.chat_template is None:
+      raise ValueError(f"policy.tiny.tokenizer_from={spec['tokenizer_from']!r}: its tokenizer needs an "
+                       "EOS token and a chat template")
+    tokenizer.save_pretrained(tmp)
+    spec = {**spec, "vocab_size": len(tokenizer)}
+  else:
+    train_tokenizer(tmp, spec["vocab_size"])
   torch.manual_seed(seed)
   config = make_hf_config(spec)
   tokenizer = transformers.AutoTokenizer.from_pretrained(tmp)
   config.bos_token_id = None
-  config.eos_token_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
-  config.pad_token_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+  if spec["tokenizer_from"]:
+    config.eos_token_id = tokenizer.eos_token_id
+    config.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+  else:
+    config.eos_token_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    config.pad_token_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
   model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
   model.generation_config.eos_token_id = config.eos_token_id
   model.generation_config.pad_token_id = config.pad_token_id

@@ -211,8 +211,8 @@ class FakeSynchronizer:
 
 def run_grpo(config, *, policy, generator, synchronizer, env, tokenizer, train_tasks, val_tasks, workdir,
              **kw):
-  """`grpo_train` wired as the runner wires it: the source `config` selects (sync or async) and
-  the losses of the policy's backend."""
+  """`grpo_train` wired as the runner wires it: the source `config` selects (sync or async), the
+  losses of the policy's backend and the update of `grpo.objective` (or `update=` one given)."""
   from dockyard import policy_factory
   from dockyard.grpo.loop import grpo_train
   from dockyard.grpo.source import make_source
@@ -220,5 +220,5 @@ def run_grpo(config, *, policy, generator, synchronizer, env, tokenizer, train_t
                        synchronizer=synchronizer)
   return grpo_train(config, source=source, policy=policy, generator=generator, synchronizer=synchronizer,
                     env=env, tokenizer=tokenizer, train_tasks=train_tasks, val_tasks=val_tasks, workdir=workdir,
-                    losses=policy_factory.make_losses(config), update=policy_factory.make_update(config),
-                    **kw)
+                    losses=policy_factory.make_losses(config),
+                    update=kw.pop("update", None) or policy_factory.make_update(config), **kw)

