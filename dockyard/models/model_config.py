@@ -81,12 +81,14 @@ class ModelConfig:
     if model_type not in FAMILIES:
       raise ValueError(f"config.json model_type={model_type!r} is not supported; supported: {sorted(FAMILIES)}")
     family = FAMILIES[model_type]
-    if family == "gemma3":
-      act_key, act = "hidden_activation", hf.get("hidden_activation", "gelu_pytorch_tanh")
+    if family == "gemma3":   # transformers' Gemma3MLP reads hidden_activation (GeGLU by default)
+      act = hf.get("hidden_activation", "gelu_pytorch_tanh")
+      if act not in ACTIVATIONS:
+        raise ValueError(f"config.json hidden_activation={act!r} is not implemented; supported: {ACTIVATIONS}")
     else:
-      act_key, act = "hidden_act", hf.get("hidden_act", "silu")
-    if act not in ACTIVATIONS:
-      raise ValueError(f"config.json {act_key}={act!r} is not implemented; supported: {ACTIVATIONS}")
+      act = hf.get("hidden_act", "silu")
+      if act != "silu":
+        raise ValueError(f"config.json hidden_act={act!r}: only 'silu' (SwiGLU) is implemented")
     if hf.get("use_sliding_window"):
       raise ValueError("config.json use_sliding_window=True: sliding-window attention is not implemented")
     heads = int(hf["num_attention_heads"])
