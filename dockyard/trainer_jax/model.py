@@ -4,10 +4,10 @@ RMSNorm, RoPE (default / linear / llama3 scaling), grouped-query attention, SwiG
 bias, Qwen3's q/k norm, tied or untied embeddings, Qwen3-MoE's sparse layers (`MoE`: top-k
 routing, experts as a grouped GEMM), Gemma 3's pieces (scaled embeddings, (1 + w) RMSNorm, four
 norms per layer, GeGLU, query_pre_attn_scalar, sliding-window layers with their own RoPE base);
-all chosen by `ModelConfig`. Parameters carry logical axis
-names only ('vocab', 'embed', 'mlp', 'heads', 'expert'); the mesh and the rules that map them
-to devices are applied at the edge (`dockyard.trainer_jax.sharding`). The parameter paths here
-are the left column of `dockyard.models.name_map`.
+all chosen by `ModelConfig`. Parameters carry logical axis names only ('vocab', 'embed', 'mlp',
+'heads', 'expert'); the mesh and the rules that map them to devices are applied at the edge
+(`dockyard.trainer_jax.sharding`). The parameter paths here are the left column of
+`dockyard.models.name_map`.
 """
 from __future__ import annotations
 
