@@ -1,10 +1,11 @@
 """The decoder's architecture as a dataclass, read from an HF `config.json` (Qwen2 / Qwen3 / Llama /
-Qwen3-MoE).
+Qwen3-MoE / Gemma 3 text).
 
 Pure Python (no JAX import): both trainers and the name-map (`name_map.py`) use it. Every
 knob the decoder and the name-map need lives here; anything in config.json that would change the
-math but is not implemented (sliding windows, unknown RoPE types, other activations) is refused
-with an error that names the key, instead of silently producing a different model.
+math but is not implemented (Qwen2's sliding window, soft-capping, unknown RoPE types, other
+activations) is refused with an error that names the key, instead of silently producing a
+different model.
 """
 from __future__ import annotations
 
@@ -17,9 +18,12 @@ from typing import Any, Mapping
 import numpy as np
 
 # model_type -> family. The families differ only in which optional pieces they use.
-FAMILIES = {"qwen2": "qwen2", "qwen3": "qwen3", "llama": "llama", "qwen3_moe": "qwen3_moe"}
+FAMILIES = {"qwen2": "qwen2", "qwen3": "qwen3", "llama": "llama", "qwen3_moe": "qwen3_moe",
+            "gemma3_text": "gemma3"}
 MOE_FAMILIES = ("qwen3_moe",)
 ROPE_TYPES = ("default", "linear", "llama3")
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh")   # SwiGLU / GeGLU (tanh-approximated GELU)
+GEMMA3_LAYER_TYPES = ("sliding_attention", "full_attention")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,10 +55,24 @@ class ModelConfig:
   moe_intermediate_size: int = 0
   norm_topk_prob: bool = False    # renormalise the top-k routing weights to sum to 1
   moe_layers: tuple = ()          # indices of the sparse (MoE) layers; the others are dense MLPs
+  # Gemma 3's pieces (all off for the other families).
+  hidden_act: str = "silu"        # the gated MLP's activation, one of ACTIVATIONS
+  norm_plus_one: bool = False     # RMSNorm scales by (1 + weight), weight initialised to 0
+  sandwich_norms: bool = False    # + post-attention and pre/post-feedforward norms in each layer
+  embed_scale: bool = False       # embeddings times sqrt(hidden_size), in the compute dtype
+  query_pre_attn_scalar: float = 0.0   # > 0: attention scale query_pre_attn_scalar**-0.5
+  sliding_window: int = 0         # keys a sliding layer's query sees, itself included
+  sliding_layers: tuple = ()      # indices of the sliding-window layers; RoPE base rope_local_theta
+  rope_local_theta: float = 0.0   # the sliding layers' RoPE base (no scaling)
 
   @property
   def is_moe(self) -> bool:
     return self.num_experts > 0
+
+  @property
+  def attn_scale(self) -> float | None:
+    """The attention logits' scale; None: head_dim**-0.5 (the attention kernels' default)."""
+    return self.query_pre_attn_scalar ** -0.5 if self.query_pre_attn_scalar > 0 else None
 
   @classmethod
   def from_hf_config(cls, hf: Mapping[str, Any]) -> "ModelConfig":
@@ -63,16 +81,22 @@ class ModelConfig:
     if model_type not in FAMILIES:
       raise ValueError(f"config.json model_type={model_type!r} is not supported; supported: {sorted(FAMILIES)}")
     family = FAMILIES[model_type]
-    act = hf.get("hidden_act", "silu")
-    if act != "silu":
-      raise ValueError(f"config.json hidden_act={act!r}: only 'silu' (SwiGLU) is implemented")
+    if family == "gemma3":   # transformers' Gemma3MLP reads hidden_activation (GeGLU by default)
+      act = hf.get("hidden_activation", "gelu_pytorch_tanh")
+      if act not in ACTIVATIONS:
+        raise ValueError(f"config.json hidden_activation={act!r} is not implemented; supported: {ACTIVATIONS}")
+    else:
+      act = hf.get("hidden_act", "silu")
+      if act != "silu":
+        raise ValueError(f"config.json hidden_act={act!r}: only 'silu' (SwiGLU) is implemented")
     if hf.get("use_sliding_window"):
       raise ValueError("config.json use_sliding_window=True: sliding-window attention is not implemented")
     heads = int(hf["num_attention_heads"])
     head_dim = int(hf.get("head_dim") or hf["hidden_size"] // heads)
-    rope = dict(hf.get("rope_parameters") or {})
-    legacy = hf.get("rope_scaling") or {}
-    rope = {**legacy, **rope}
+    if family == "gemma3":
+      rope, gemma = _gemma3_fields(hf, int(hf["num_hidden_layers"]))
+    else:
+      rope, gemma = {**(hf.get("rope_scaling") or {}), **(hf.get("rope_parameters") or {})}, {}
     theta = float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
     rope_type = rope.get("rope_type", rope.get("type", "default")) or "default"
     if rope_type not in ROPE_TYPES:
@@ -101,9 +125,11 @@ class ModelConfig:
         qkv_bias=True if family == "qwen2" else attention_bias,
         o_bias=False if family == "qwen2" else attention_bias,
         mlp_bias=bool(hf.get("mlp_bias", False)) if family == "llama" else False,
-        qk_norm=family in ("qwen3", "qwen3_moe"),
+        qk_norm=family in ("qwen3", "qwen3_moe", "gemma3"),
         max_position_embeddings=int(hf.get("max_position_embeddings", 4096)),
+        hidden_act=act,
         **moe,
+        **gemma,
     )
 
   @classmethod
@@ -114,10 +140,14 @@ class ModelConfig:
     with open(cfg_path) as f:
       return cls.from_hf_config(json.load(f))
 
-  def inv_freq(self) -> np.ndarray:
-    """RoPE inverse frequencies [head_dim/2] in float32, as transformers computes them."""
+  def inv_freq(self, local: bool = False) -> np.ndarray:
+    """RoPE inverse frequencies [head_dim/2] in float32, as transformers computes them;
+    `local`: the sliding-window layers' (base rope_local_theta, unscaled)."""
     d = self.head_dim
-    inv = (1.0 / (self.rope_theta ** (np.arange(0, d, 2, dtype=np.int64).astype(np.float32) / d))).astype(np.float32)
+    theta = self.rope_local_theta if local else self.rope_theta
+    inv = (1.0 / (theta ** (np.arange(0, d, 2, dtype=np.int64).astype(np.float32) / d))).astype(np.float32)
+    if local:
+      return inv
     if self.rope_type == "linear":
       inv = inv / np.float32(self.rope_factor)
     elif self.rope_type == "llama3":
@@ -136,7 +166,7 @@ class ModelConfig:
     """Parameter count (biases aside); `active`: counting only the top-k experts a token uses."""
     e, f, v = self.hidden_size, self.intermediate_size, self.vocab_size
     q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-    attn = e * (q + 2 * kv) + q * e + 2 * e
+    attn = e * (q + 2 * kv) + q * e + (4 if self.sandwich_norms else 2) * e
     experts = self.num_experts_per_tok if active else self.num_experts
     sparse = e * self.num_experts + 3 * e * self.moe_intermediate_size * experts
     layers = sum(attn + (sparse if i in self.moe_layers else 3 * e * f) for i in range(self.num_layers))
@@ -161,3 +191,55 @@ def _moe_fields(hf: Mapping[str, Any], num_layers: int) -> dict:
       moe_intermediate_size=int(hf["moe_intermediate_size"]),
       norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
       moe_layers=tuple(i for i in range(num_layers) if i not in dense and (i + 1) % step == 0))
+
+
+def _gemma3_fields(hf: Mapping[str, Any], num_layers: int) -> tuple[dict, dict]:
+  """Gemma 3 (text)'s RoPE parameters of its full-attention layers, and its other knobs, as
+  transformers' Gemma3TextConfig reads them: transformers 5 writes `rope_parameters` keyed by
+  layer type; transformers 4 wrote `rope_theta`, `rope_scaling` (full-attention layers) and
+  `rope_local_base_freq`. Layers are typed by `layer_types`, else every
+  `sliding_window_pattern`-th layer (default 6) is full attention and the others slide."""
+  for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+    if hf.get(key) is not None:
+      raise ValueError(f"config.json {key}={hf[key]!r}: logit soft-capping is not implemented (must be null)")
+  if hf.get("use_bidirectional_attention"):
+    raise ValueError("config.json use_bidirectional_attention=True: only causal attention is implemented")
+  params = hf.get("rope_parameters")
+  if params:
+    if not set(params) <= set(GEMMA3_LAYER_TYPES) or "full_attention" not in params:
+      raise ValueError(f"config.json rope_parameters={params!r}: gemma3_text expects one entry per layer "
+                       f"type {GEMMA3_LAYER_TYPES}")
+    full = dict(params["full_attention"] or {})
+    local = dict(params.get("sliding_attention") or {})
+    local_theta = float(local.get("rope_theta", hf.get("rope_local_base_freq", 10000.0)))
+  else:
+    full = {"rope_theta": float(hf.get("rope_theta", 1_000_000.0)), **(hf.get("rope_scaling") or {})}
+    local, local_theta = {}, float(hf.get("rope_local_base_freq", 10000.0))
+  full.setdefault("rope_theta", float(hf.get("rope_theta", 1_000_000.0)))
+  full_type = full.get("rope_type", full.get("type", "default")) or "default"
+  if full_type not in ROPE_TYPES:
+    key = "rope_parameters.full_attention.rope_type" if params else "rope_scaling.rope_type"
+    raise ValueError(f"config.json {key}={full_type!r} is not implemented; supported: {ROPE_TYPES}")
+  local_type = local.get("rope_type", local.get("type", "default")) or "default"
+  if local_type != "default":
+    raise ValueError(f"config.json rope_parameters.sliding_attention.rope_type={local_type!r}: the sliding "
+                     f"layers' RoPE must be 'default' (unscaled)")
+  types = hf.get("layer_types")
+  if types is None:
+    pattern = int(hf.get("sliding_window_pattern", hf.get("_sliding_window_pattern", 6)))
+    if pattern < 1:
+      raise ValueError(f"config.json sliding_window_pattern={pattern} must be >= 1")
+    types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
+  if len(types) != num_layers or not set(types) <= set(GEMMA3_LAYER_TYPES):
+    raise ValueError(f"config.json layer_types must list {num_layers} entries of {GEMMA3_LAYER_TYPES}, "
+                     f"got {list(types)!r}")
+  sliding = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+  window = hf.get("sliding_window")
+  if sliding and (window is None or int(window) < 1):
+    raise ValueError(f"config.json sliding_window={window!r}: layer_types has sliding layers, so it must be >= 1")
+  scalar = float(hf.get("query_pre_attn_scalar", 256))
+  if scalar <= 0:
+    raise ValueError(f"config.json query_pre_attn_scalar={scalar} must be > 0")
+  return full, dict(norm_plus_one=True, sandwich_norms=True, embed_scale=True, query_pre_attn_scalar=scalar,
+                    sliding_window=int(window) if sliding else 0, sliding_layers=sliding,
+                    rope_local_theta=local_theta)

@@ -1,7 +1,8 @@
 """The one place that knows HF parameter names: NNX parameter path <-> HF name + layout transform.
 
-One table per family (Qwen2 / Qwen3 / Llama / Qwen3-MoE share the decoder layout and differ in
-optional pieces: q/k/v bias, o bias, MLP bias, q/k norm, tied embeddings, sparse layers). Each
+One table per family (Qwen2 / Qwen3 / Llama / Qwen3-MoE / Gemma 3 share the decoder layout and
+differ in optional pieces: q/k/v bias, o bias, MLP bias, q/k norm, tied embeddings, sparse layers,
+Gemma's pre/post-feedforward norms). Each
 `Entry` says how an HF tensor becomes the NNX array and back:
 
   identity     same layout (embeddings, norms, o/mlp biases)
@@ -73,12 +74,17 @@ def _layer_entries(i: int, c: ModelConfig) -> list[Entry]:
         Entry(f"{n}.attn.q_norm.scale", f"{h}.self_attn.q_norm.weight", "identity"),
         Entry(f"{n}.attn.k_norm.scale", f"{h}.self_attn.k_norm.weight", "identity"),
     ]
+  if c.sandwich_norms:   # Gemma: post_attn_norm is then the attention output's norm (see DecoderLayer)
+    out += [
+        Entry(f"{n}.pre_ffw_norm.scale", f"{h}.pre_feedforward_layernorm.weight", "identity"),
+        Entry(f"{n}.post_ffw_norm.scale", f"{h}.post_feedforward_layernorm.weight", "identity"),
+    ]
   return out
 
 
 def table(config: ModelConfig) -> list[Entry]:
   """The full name table of one model, in HF's parameter order (embeddings, layers, norm, head)."""
-  if config.family not in ("qwen2", "qwen3", "llama", "qwen3_moe"):
+  if config.family not in ("qwen2", "qwen3", "llama", "qwen3_moe", "gemma3"):
     raise ValueError(f"no name-map table for family {config.family!r}")
   entries = [Entry("embed.embedding", "model.embed_tokens.weight", "identity")]
   for i in range(config.num_layers):

@@ -27,10 +27,14 @@ FAMILIES = {
     "qwen3": "Qwen3ForCausalLM",
     "llama": "LlamaForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",   # model_type gemma3_text
 }
 # Qwen3-MoE's extra knobs and their tiny defaults (a spec may override them; other families
 # ignore them): 8 experts of width 64, 2 per token.
 MOE_DEFAULTS = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True)
+# Gemma 3's (text) knobs and their tiny defaults: every 2nd layer full attention, the others slide
+# over 16 keys; query_pre_attn_scalar 64 differs from head_dim (32) so that the scale matters.
+GEMMA3_DEFAULTS = dict(sliding_window=16, sliding_window_pattern=2, query_pre_attn_scalar=64)
 
 DEFAULT_SPEC = dict(
     family="qwen2", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
@@ -95,6 +99,16 @@ def make_hf_config(spec: Mapping):
   if family == "qwen3":
     return transformers.Qwen3Config(rope_theta=1000000.0,
                                     head_dim=spec["hidden_size"] // spec["num_attention_heads"], **common)
+  if family == "gemma3":
+    g = {**GEMMA3_DEFAULTS, **spec}
+    return transformers.Gemma3TextConfig(
+        head_dim=spec["hidden_size"] // spec["num_attention_heads"], sliding_window=g["sliding_window"],
+        query_pre_attn_scalar=g["query_pre_attn_scalar"],
+        layer_types=["sliding_attention" if (i + 1) % g["sliding_window_pattern"] else "full_attention"
+                     for i in range(spec["num_hidden_layers"])],
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+        **common)
   if family == "qwen3_moe":
     moe = {**MOE_DEFAULTS, **spec}
     return transformers.Qwen3MoeConfig(
@@ -113,6 +127,8 @@ def make_tiny_model(spec: Mapping | None = None, out_dir: str | None = None, see
   spec = {**DEFAULT_SPEC, **dict(spec or {})}
   if spec["family"] == "qwen3_moe":   # the expert knobs are part of what the cache key names
     spec = {**MOE_DEFAULTS, **spec}
+  if spec["family"] == "gemma3":
+    spec = {**GEMMA3_DEFAULTS, **spec}
   named = {k: v for k, v in spec.items() if k != "tokenizer_from" or v}   # '' keeps the older keys
   key = hashlib.sha256(json.dumps({**named, "seed": seed, "v": 1}, sort_keys=True).encode()).hexdigest()[:12]
   out_dir = out_dir or os.path.join(cache_root(), "models", f"tiny-{spec['family']}-{key}")

@@ -73,8 +73,8 @@ def from_hf(path: str, mesh=None, rules=(), *, dtype=jnp.float32, param_dtype=jn
   flat_shardings = dict(nnx.to_flat_state(shardings))
   for key, var in flat.items():
     dotted = ".".join(str(k) for k in key)
-    if dotted == "inv_freq":
-      value = c.inv_freq()
+    if dotted in ("inv_freq", "inv_freq_local"):   # RoPE constants, from the config
+      value = c.inv_freq(local=dotted == "inv_freq_local")
     elif isinstance(var, (RouterStats, ExpertBias)):  # trainer state an HF checkpoint has no part of
       value = np.zeros(var.shape, np.float32)
     elif dotted in arrays:
@@ -83,7 +83,7 @@ def from_hf(path: str, mesh=None, rules=(), *, dtype=jnp.float32, param_dtype=jn
       raise KeyError(f"decoder parameter {dotted!r} has no tensor in {path!r}")
     if tuple(value.shape) != tuple(var.shape):
       raise ValueError(f"{dotted}: checkpoint shape {value.shape} != model shape {var.shape}")
-    dt = var.dtype if dotted != "inv_freq" else jnp.float32
+    dt = jnp.float32 if dotted in ("inv_freq", "inv_freq_local") else var.dtype
     var.set_value(jax.device_put(np.asarray(value).astype(dt), flat_shardings[key]))
   return nnx.merge(graphdef, nnx.from_flat_state(flat))
 

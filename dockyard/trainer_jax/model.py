@@ -1,16 +1,19 @@
-"""The Flax NNX decoder for the Qwen2 / Qwen3 / Llama / Qwen3-MoE family.
+"""The Flax NNX decoder for the Qwen2 / Qwen3 / Llama / Qwen3-MoE / Gemma 3 (text) family.
 
 RMSNorm, RoPE (default / linear / llama3 scaling), grouped-query attention, SwiGLU, Qwen2's q/k/v
 bias, Qwen3's q/k norm, tied or untied embeddings, Qwen3-MoE's sparse layers (`MoE`: top-k
-routing, experts as a grouped GEMM); all chosen by `ModelConfig`. Parameters carry logical axis
-names only ('vocab', 'embed', 'mlp', 'heads', 'expert'); the mesh and the rules that map them
-to devices are applied at the edge (`dockyard.trainer_jax.sharding`). The parameter paths here
-are the left column of `dockyard.models.name_map`.
+routing, experts as a grouped GEMM), Gemma 3's pieces (scaled embeddings, (1 + w) RMSNorm, four
+norms per layer, GeGLU, query_pre_attn_scalar, sliding-window layers with their own RoPE base);
+all chosen by `ModelConfig`. Parameters carry logical axis names only ('vocab', 'embed', 'mlp',
+'heads', 'expert'); the mesh and the rules that map them to devices are applied at the edge
+(`dockyard.trainer_jax.sharding`). The parameter paths here are the left column of
+`dockyard.models.name_map`.
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from dockyard.models.model_config import ModelConfig
@@ -23,15 +26,22 @@ def _param(rngs: nnx.Rngs, shape, axes, dtype, init=_INIT) -> nnx.Param:
 
 
 class RMSNorm(nnx.Module):
-  def __init__(self, dim: int, eps: float, *, param_dtype, rngs: nnx.Rngs):
+  """`plus_one` (Gemma): scales by (1 + scale), scale initialised to 0, the product taken in fp32
+  before the cast back (as transformers' Gemma3RMSNorm); otherwise by scale, in x's dtype."""
+
+  def __init__(self, dim: int, eps: float, *, param_dtype, rngs: nnx.Rngs, plus_one: bool = False):
     # Norm scales are tiny: replicate them rather than pay a gather per layer.
-    self.scale = _param(rngs, (dim,), (None,), param_dtype, nnx.initializers.ones_init())
+    init = nnx.initializers.zeros_init() if plus_one else nnx.initializers.ones_init()
+    self.scale = _param(rngs, (dim,), (None,), param_dtype, init)
     self.eps = eps
+    self.plus_one = plus_one
 
   def __call__(self, x):
     dtype = x.dtype
     x = x.astype(jnp.float32)  # statistics in fp32, as transformers does
     x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps)
+    if self.plus_one:
+      return (x * (1.0 + self.scale.astype(jnp.float32))).astype(dtype)
     return self.scale.astype(dtype) * x.astype(dtype)
 
 
@@ -100,19 +110,32 @@ def apply_rope(x, cos, sin):
 ATTN_CHUNK = 128   # query block of the banded packed attention
 
 
-def segment_attention(q, k, v, segment_ids, window: int | None):
+def _local_window(sliding_window: int):
+  """A sliding window of W keys (the query's own included: transformers' `kv_idx > q_idx - W`)
+  as `jax.nn.dot_product_attention`'s (left, right) `local_window_size`: W - 1 keys to the left."""
+  return (sliding_window - 1, 0) if sliding_window else None
+
+
+def segment_attention(q, k, v, segment_ids, window: int | None, *, scale: float | None = None,
+                      sliding_window: int = 0):
   """Causal attention within segments of packed rows: q [B, L, H, D], k/v [B, L, K, D] (GQA),
   segment_ids [B, L]. `window` (static): no segment is longer than this. Then each block of
   ATTN_CHUNK queries needs only the keys of its own and the previous ceil(window / ATTN_CHUNK)
   blocks, so the cost grows as L x window, not L^2 (XLA has no segment-skipping kernel: a full
   [L, L] mask computes every cross-segment block and throws it away). Exact: the keys left out are
-  all in other segments. Falls back to the full same-segment mask when banding would not help."""
+  all in other segments. Falls back to the full same-segment mask when banding would not help.
+  `scale`: the logits' scale (None: D**-0.5); `sliding_window` > 0: a query sees only the last
+  that many keys of its segment, itself included (segments are contiguous, so the distance in the
+  row is the distance in the segment), which also bounds the band."""
   b, l, h, d = q.shape
   kh = k.shape[2]
+  if sliding_window:
+    window = min(int(window or l), sliding_window)
   w = -(-int(window or l) // ATTN_CHUNK)
   if window is None or l % ATTN_CHUNK or (w + 1) * ATTN_CHUNK >= l:
     mask = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]
-    return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True)
+    return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, is_causal=True,
+                                        local_window_size=_local_window(sliding_window))
   n, pad = l // ATTN_CHUNK, w * ATTN_CHUNK
   # Key block i covers padded positions [i * C, i * C + (w + 1) * C): the query block's own keys
   # and the w blocks before it (the left padding has segment -1, matching nothing).
@@ -123,27 +146,34 @@ def segment_attention(q, k, v, segment_ids, window: int | None):
   seg_q = segment_ids.reshape(b, n, ATTN_CHUNK)
   q_pos = jnp.arange(l).reshape(n, ATTN_CHUNK) + pad
   ok = (seg_q[..., :, None] == seg_k[..., None, :]) & (idx[None, :, None, :] <= q_pos[None, :, :, None])
+  if sliding_window:
+    ok = ok & (q_pos[None, :, :, None] - idx[None, :, None, :] < sliding_window)
   qc = q.reshape(b, n, ATTN_CHUNK, kh, h // kh, d)
-  logits = jnp.einsum("bnckgd,bnmkd->bnkgcm", qc, kw, preferred_element_type=jnp.float32) / jnp.sqrt(
-      jnp.float32(d))
+  logits = jnp.einsum("bnckgd,bnmkd->bnkgcm", qc, kw, preferred_element_type=jnp.float32)
+  logits = logits / jnp.sqrt(jnp.float32(d)) if scale is None else logits * jnp.float32(scale)
   logits = jnp.where(ok[:, :, None, None], logits, jnp.finfo(jnp.float32).min)
   probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
   return jnp.einsum("bnkgcm,bnmkd->bnckgd", probs, vw).reshape(b, l, h, d)
 
 
 class Attention(nnx.Module):
-  def __init__(self, c: ModelConfig, *, dtype, param_dtype, rngs):
+  """`sliding`: this layer sees only the last `c.sliding_window` keys (Gemma 3's local layers)."""
+
+  def __init__(self, c: ModelConfig, *, dtype, param_dtype, rngs, sliding: bool = False):
     kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
     self.q_proj = HeadsProj(c.hidden_size, c.num_heads, c.head_dim, c.qkv_bias, **kw)
     self.k_proj = HeadsProj(c.hidden_size, c.num_kv_heads, c.head_dim, c.qkv_bias, **kw)
     self.v_proj = HeadsProj(c.hidden_size, c.num_kv_heads, c.head_dim, c.qkv_bias, **kw)
     self.o_proj = OutProj(c.num_heads, c.head_dim, c.hidden_size, c.o_bias, **kw)
     if c.qk_norm:
-      self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, param_dtype=param_dtype, rngs=rngs)
-      self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, param_dtype=param_dtype, rngs=rngs)
+      norm = dict(param_dtype=param_dtype, rngs=rngs, plus_one=c.norm_plus_one)
+      self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, **norm)
+      self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, **norm)
     else:
       self.q_norm = self.k_norm = None
     self.num_kv_heads, self.head_dim = c.num_kv_heads, c.head_dim
+    self.logit_scale = c.attn_scale   # None: head_dim**-0.5
+    self.sliding_window = c.sliding_window if sliding else 0
 
   def __call__(self, x, cos, sin, lengths, segments=None):
     q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
@@ -151,11 +181,13 @@ class Attention(nnx.Module):
       q, k = self.q_norm(q), self.k_norm(k)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     if segments is not None:  # packed rows: (segment_ids, window)
-      out = segment_attention(q, k, v, *segments)
+      out = segment_attention(q, k, v, *segments, scale=self.logit_scale, sliding_window=self.sliding_window)
     else:
       # Causal + per-row key lengths (right padding) instead of a materialised [B, T, T] mask:
       # the form cuDNN's fused attention accepts on GPU; on CPU this is XLA's reference kernel.
-      out = jax.nn.dot_product_attention(q, k, v, is_causal=True, key_value_seq_lengths=lengths)
+      out = jax.nn.dot_product_attention(q, k, v, scale=self.logit_scale, is_causal=True,
+                                         key_value_seq_lengths=lengths,
+                                         local_window_size=_local_window(self.sliding_window))
     return self.o_proj(out)
 
 
@@ -165,9 +197,15 @@ class MLP(nnx.Module):
     self.gate_proj = Dense(c.hidden_size, c.intermediate_size, ("embed", "mlp"), **kw)
     self.up_proj = Dense(c.hidden_size, c.intermediate_size, ("embed", "mlp"), **kw)
     self.down_proj = Dense(c.intermediate_size, c.hidden_size, ("mlp", "embed"), **kw)
+    self.hidden_act = c.hidden_act
 
   def __call__(self, x):
-    return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+    gate = self.gate_proj(x)
+    if self.hidden_act == "gelu_pytorch_tanh":   # GeGLU (Gemma): torch's tanh-approximated GELU
+      gate = jax.nn.gelu(gate, approximate=True)
+    else:
+      gate = jax.nn.silu(gate)
+    return self.down_proj(gate * self.up_proj(x))
 
 
 class RouterStats(nnx.Variable):
@@ -240,14 +278,27 @@ class MoE(nnx.Module):
 
 
 class DecoderLayer(nnx.Module):
+  """Pre-norm block. With `c.sandwich_norms` (Gemma) `post_attn_norm` normalises the attention's
+  output before the residual add, and `pre_ffw_norm` / `post_ffw_norm` wrap the MLP the same way;
+  otherwise `post_attn_norm` is the MLP's input norm (HF's `post_attention_layernorm` either way)."""
+
   def __init__(self, c: ModelConfig, *, dtype, param_dtype, rngs, index: int = 0):
-    self.input_norm = RMSNorm(c.hidden_size, c.rms_norm_eps, param_dtype=param_dtype, rngs=rngs)
-    self.attn = Attention(c, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-    self.post_attn_norm = RMSNorm(c.hidden_size, c.rms_norm_eps, param_dtype=param_dtype, rngs=rngs)
+    def norm():
+      return RMSNorm(c.hidden_size, c.rms_norm_eps, param_dtype=param_dtype, rngs=rngs, plus_one=c.norm_plus_one)
+    self.input_norm = norm()
+    self.attn = Attention(c, dtype=dtype, param_dtype=param_dtype, rngs=rngs, sliding=index in c.sliding_layers)
+    self.post_attn_norm = norm()
     sparse = index in c.moe_layers
     self.mlp = (MoE if sparse else MLP)(c, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    if c.sandwich_norms:
+      self.pre_ffw_norm, self.post_ffw_norm = norm(), norm()
+    else:
+      self.pre_ffw_norm = self.post_ffw_norm = None
 
   def __call__(self, x, cos, sin, lengths, segments=None):
+    if self.pre_ffw_norm is not None:   # Gemma's sandwich (dense MLP only: no Gemma MoE exists)
+      x = x + self.post_attn_norm(self.attn(self.input_norm(x), cos, sin, lengths, segments))
+      return x + self.post_ffw_norm(self.mlp(self.pre_ffw_norm(x)))
     x = x + self.attn(self.input_norm(x), cos, sin, lengths, segments)
     h = self.post_attn_norm(x)
     if isinstance(self.mlp, MoE):  # the router's statistics count real tokens only
@@ -275,11 +326,14 @@ class Decoder(nnx.Module):
                            embedding_init=nnx.with_partitioning(_INIT, ("vocab", "embed")), rngs=rngs)
     self.layers = nnx.List([DecoderLayer(c, dtype=dtype, param_dtype=param_dtype, rngs=rngs, index=i)
                             for i in range(c.num_layers)])
-    self.final_norm = RMSNorm(c.hidden_size, c.rms_norm_eps, param_dtype=param_dtype, rngs=rngs)
+    self.final_norm = RMSNorm(c.hidden_size, c.rms_norm_eps, param_dtype=param_dtype, rngs=rngs,
+                              plus_one=c.norm_plus_one)
     self.lm_head = (None if c.tie_word_embeddings else
                     Dense(c.hidden_size, c.vocab_size, ("embed", "vocab"), False, dtype=dtype,
                           param_dtype=param_dtype, rngs=rngs))
     self.inv_freq = nnx.Variable(jnp.asarray(c.inv_freq()))  # a constant, not a Param: never trained
+    # The sliding-window layers' own RoPE frequencies (Gemma 3: base rope_local_theta, unscaled).
+    self.inv_freq_local = nnx.Variable(jnp.asarray(c.inv_freq(local=True))) if c.sliding_layers else None
 
   def __call__(self, input_ids, attention_mask=None, positions=None, segment_ids=None,
                window: int | None = None):
@@ -306,15 +360,19 @@ class Decoder(nnx.Module):
       if attention_mask is None:
         attention_mask = jnp.ones((b, t), jnp.int32)
       lengths = attention_mask.astype(jnp.int32).sum(axis=-1)
-    cos, sin = rope_cos_sin(positions, self.inv_freq[...])
+    rope = rope_cos_sin(positions, self.inv_freq[...])
+    local = rope_cos_sin(positions, self.inv_freq_local[...]) if self.inv_freq_local is not None else None
     x = self.embed(input_ids)
+    c = self.config
+    if c.embed_scale:  # Gemma: times sqrt(hidden_size), rounded to the compute dtype first (as HF)
+      x = x * jnp.asarray(np.float32(c.hidden_size ** 0.5), x.dtype)
 
-    def layer_fn(layer, x):
+    def layer_fn(layer, x, cos, sin):
       return layer(x, cos, sin, lengths, segments)
     if self.remat:  # recompute each layer's activations in the backward pass to save memory
       layer_fn = nnx.remat(layer_fn)
-    for layer in self.layers:
-      x = layer_fn(layer, x)
+    for i, layer in enumerate(self.layers):
+      x = layer_fn(layer, x, *(local if i in c.sliding_layers else rope))
     return self.final_norm(x)
 
 
