@@ -47,8 +47,11 @@ def resolve_model(config) -> str:
   if spec:   # a path, or a model a pip package ships (`package:<name>`: converted once, cached)
     from dockyard.models import packaged
     return packaged.resolve_path(spec)
-  from dockyard.models import tiny
-  return tiny.make_tiny_model(dict(config.policy.tiny), seed=config.run.seed)
+  from dockyard.models import packaged, tiny
+  spec = dict(config.policy.tiny)
+  if spec.get("tokenizer_from"):   # a real model's tokenizer (a directory, or package:<name>)
+    spec["tokenizer_from"] = packaged.resolve_path(spec["tokenizer_from"])
+  return tiny.make_tiny_model(spec, seed=config.run.seed)
 
 
 def sandbox_client(config, stack: contextlib.ExitStack):

@@ -40,9 +40,10 @@ DEFAULT_SPEC = dict(
     family="qwen2", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
     num_attention_heads=4, num_key_value_heads=2, vocab_size=1024, tie_word_embeddings=True,
     max_position_embeddings=4096,
-    # '': train a byte-level BPE tokenizer here (of vocab_size); else a model (HF directory or
-    # package:<name>) whose tokenizer the tiny model takes, vocab_size with it: a small random
-    # student that reads the same token ids as that model (on-policy distillation's default).
+    # '': train a byte-level BPE tokenizer here (of vocab_size); else an HF directory whose
+    # tokenizer the tiny model takes, vocab_size with it: a small random student that reads the
+    # same token ids as that model (on-policy distillation's default; the runner resolves a
+    # config's package:<name> to its directory first).
     tokenizer_from="",
 )
 
@@ -138,8 +139,7 @@ def make_tiny_model(spec: Mapping | None = None, out_dir: str | None = None, see
   tmp = out_dir + f".tmp{os.getpid()}"
   os.makedirs(tmp, exist_ok=True)
   if spec["tokenizer_from"]:
-    from dockyard.models import packaged
-    tokenizer = transformers.AutoTokenizer.from_pretrained(packaged.resolve_path(spec["tokenizer_from"]))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(spec["tokenizer_from"])
     if tokenizer.eos_token_id is None or tokenizer.chat_template is None:
       raise ValueError(f"policy.tiny.tokenizer_from={spec['tokenizer_from']!r}: its tokenizer needs an "
                        "EOS token and a chat template")
