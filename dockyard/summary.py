@@ -39,7 +39,9 @@ def render(config, workdir: str, result=None, setup_s: float = 0.0, total_s: flo
   table.add_row(f"{metric} best", fmt(s["val_best"]))
   if s["reward_first"] is not None:
     table.add_row("train reward, first 3 steps -> last 3", f"{s['reward_first']:.3f} -> {s['reward_last']:.3f}")
-  table.add_row("GRPO steps", str(s["steps"]))
+  objective = config.grpo.objective
+  table.add_row({"policy_gradient": "GRPO steps", "dpo": "online DPO steps", "distill": "distillation steps"}
+                .get(objective, "steps"), str(s["steps"]))
   table.add_row("SFT warm-start steps", str(s["sft_steps"]))
   table.add_row("set-up (Ray, model, fleets)", f"{setup_s:.0f} s")
   if s["sft_s"]:
