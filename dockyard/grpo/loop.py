@@ -2,9 +2,10 @@
 
 Set-up (resume or SFT warm start, the KL reference, the source's start), then per step: the
 source hands over scored groups -> advantages (dynamic sampling may drop flat groups) ->
-one policy update (`update`: GRPO's policy-gradient step, or e.g. online DPO's preference step
-on each group's best-vs-worst pair, `dockyard.dpo.online`) -> the weights pushed to the engines (inside the source's `around_refit`) ->
-validation and checkpoints when due -> one metrics row; then teardown. Synchronous or
+one policy update (`update`: GRPO's policy-gradient step, online DPO's preference step on each
+group's best-vs-worst pair (`dockyard.dpo.online`), or on-policy distillation's
+(`dockyard.distill`)) -> the weights pushed to the engines (inside the source's `around_refit`)
+-> validation and checkpoints when due -> one metrics row; then teardown. Synchronous or
 asynchronous GRPO differ only in the source (`dockyard.grpo.source`); the step pieces are in
 `step.py`, the settings / validator / checkpoints / progress around them in `harness.py`.
 """
