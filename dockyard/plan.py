@@ -87,15 +87,25 @@ def _pair_data(config: ml_collections.ConfigDict, made_as: str, pairs_per_step: 
 
 
 def preference_plan(config: ml_collections.ConfigDict) -> RunPlan:
-  """configs/dpo.py: the trainer alone (and its frozen reference), no engines, no sandbox."""
+  """configs/dpo.py: the trainer alone (and its frozen reference), no engines, no sandbox;
+  configs/rlaif.py adds the in-process engine that makes its pairs first."""
   cluster, dpo = config.cluster, config.dpo
   devices = validate._mesh_devices(config)
   mesh_shape = validate.resolve_mesh_shape(config.mesh.shape, devices)
   fleets = [_trainer_fleet(config, devices, "node 0" if cluster.trainer_nodes == 1
                            else f"nodes 0-{cluster.trainer_nodes - 1}")]
   data = _pair_data(config, "gold vs off-by-k", dpo.num_pairs_per_step)
+  loop = str(dpo.mode)
+  if "rlaif" in config:   # configs/rlaif.py: the model makes the pairs first, with an engine in process
+    rlaif, math_cfg = config.rlaif, config.env.math
+    data = {"train": f"pairs the model makes from {rlaif.num_train_prompts} math prompts (answer vs its "
+                     f"revision against {len(rlaif.constitution)} principles; {' '.join(math_cfg.ops)}, "
+                     f"operands {math_cfg.min_operand}-{math_cfg.max_operand})",
+            "validation": f"those of {rlaif.num_val_prompts} held-out prompts",
+            "pairs_per_step": dpo.num_pairs_per_step}
+    loop = f"rlaif + {loop}"
   return RunPlan(
-      variant=config.run.variant, mode="train", loop=str(dpo.mode), env="preference pairs",
+      variant=config.run.variant, mode="train", loop=loop, env="preference pairs",
       policy=_policy_name(config), backend=config.policy.backend, mesh_axes=tuple(config.mesh.axes),
       mesh_shape=mesh_shape, fleets=fleets, sandbox_urls=(), data=data, steps=int(dpo.num_steps))
 

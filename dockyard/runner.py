@@ -14,6 +14,7 @@ out, and the failing component is named in the error.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import time
@@ -149,6 +150,42 @@ def preference_pairs(config) -> tuple[list, list]:
   return pair_data.math_pairs(env, env.train, cfg.seed), pair_data.math_pairs(env, env.validation, cfg.seed + 1)
 
 
+def rlaif_pairs(config, model_path: str, tokenizer, workdir: str) -> tuple[list, list]:
+  """(train, held-out) pairs the initial model makes by critiquing and revising its own answers to
+  env.math's prompts (`dockyard.rlaif`, configs/rlaif.py), with a vLLM engine in this process that
+  is shut down before training. Kept in <workdir>/rlaif_pairs.jsonl: a resumed run reads them back."""
+  from dockyard import rlaif
+  from dockyard.dpo.data import PreferencePair
+  from dockyard.envs import math as math_env
+  path = os.path.join(workdir, rlaif.RECORDS)
+  if os.path.exists(path):   # a resumed run trains on the pairs it made
+    split = {"train": [], "validation": []}
+    with open(path) as f:
+      for r in (json.loads(line) for line in f if line.strip()):
+        if r["kept"]:
+          split[r["split"]].append(PreferencePair(tuple(r["messages"]), r["revision"], r["answer"]))
+    return split["train"], split["validation"]
+  cfg = rlaif.RlaifConfig.from_config(config.rlaif)
+  env = math_env.MathEnv(math_env.MathConfig.from_config(config))
+  from dockyard.rollout.vllm_engine import VLLMEngine
+  os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+  engine = VLLMEngine(model_path, config.rollout, seed=config.run.seed)
+  out = {}
+  try:
+    for i, (split, tasks, n) in enumerate((("train", env.train, cfg.num_train_prompts),
+                                           ("validation", env.validation, cfg.num_val_prompts))):
+      pairs, records = rlaif.make_pairs(engine, tokenizer, [env.prompt_messages(t) for t in tasks[:n]],
+                                        cfg, seed=config.run.seed * 2 + i) if n else ([], [])
+      out[split] = pairs
+      rlaif.write_records(path + ".tmp", records, split)
+  finally:
+    engine.shutdown()
+  os.replace(path + ".tmp", path)
+  print(f"rlaif: {len(out['train'])} train / {len(out['validation'])} held-out pairs "
+        f"(revision != answer) -> {path}", flush=True)
+  return out["train"], out["validation"]
+
+
 def run_preference(config, paths: dict[str, str]) -> None:
   """A DPO-family run (configs/dpo.py): no Ray, no engines; the policy, a frozen reference of the
   initial weights when the mode reads one (built as GRPO builds its KL reference: a second policy
@@ -156,7 +193,8 @@ def run_preference(config, paths: dict[str, str]) -> None:
   t0 = time.perf_counter()
   model_path, tokenizer = model_and_tokenizer(config)
   with component("data"):
-    train_pairs, val_pairs = preference_pairs(config)
+    train_pairs, val_pairs = (rlaif_pairs(config, model_path, tokenizer, paths["workdir"])
+                              if "rlaif" in config else preference_pairs(config))
   from dockyard import policy_factory
   from dockyard.dpo.loss_spec import PreferenceConfig
   with component("trainer", f"building the {config.policy.backend} trainer"):

@@ -496,11 +496,36 @@ def _validate_preference(config) -> None:
   if int(dpo.val_period) < 0:
     raise ConfigError("dpo.val_period", f"must be >= 0 (0: no validation), got {dpo.val_period}")
   _validate_pair_micro_batch(config)
-  _validate_data_files(config, "preference pairs", "pairs")
-  if not config.data.train:
+  if "rlaif" in config:   # the model makes its pairs from env.math's prompts (dockyard/rlaif.py)
+    _validate_rlaif(config)
+  else:
+    _validate_data_files(config, "preference pairs", "pairs")
+  if not config.data.train or "rlaif" in config:
     _validate_math_env(config)
   if int(config.checkpoint.save_period) < 1:
     raise ConfigError("checkpoint.save_period", f"must be >= 1, got {config.checkpoint.save_period}")
+
+
+def _validate_rlaif(config) -> None:
+  """configs/rlaif.py: RlaifConfig's own checks, pairs only from the model, and an engine context
+  that holds the revise turn (the prompt, the answer, the critique request and the critique)."""
+  from dockyard.rlaif import RlaifConfig   # no model, no engine at import
+  try:
+    cfg = RlaifConfig.from_config(config.rlaif)
+  except ValueError as err:   # "rlaif.<key> ..." -> that key
+    key = str(err).split(" ", 1)[0]
+    raise ConfigError(key if key.startswith("rlaif.") else "rlaif", str(err)) from None
+  if config.data.train or config.data.validation:
+    raise ConfigError("data.train", "configs/rlaif.py makes its pairs with the model: leave data.train "
+                      "and data.validation ''")
+  need = 3 * cfg.max_new_tokens + 256
+  if int(config.rollout.max_model_len) < need:
+    raise ConfigError("rollout.max_model_len", f"the revise turn holds the prompt and three replies of up "
+                      f"to rlaif.max_new_tokens={cfg.max_new_tokens}: needs >= {need}, got "
+                      f"{config.rollout.max_model_len}")
+  if int(config.policy.max_seq_len) < cfg.max_new_tokens + 64:
+    raise ConfigError("policy.max_seq_len", f"a pair is the prompt + a reply of up to "
+                      f"rlaif.max_new_tokens={cfg.max_new_tokens} tokens: needs >= {cfg.max_new_tokens + 64}")
 
 
 def _validate_reward_model(config) -> None:

@@ -22,6 +22,8 @@ from configs import dpo as dpo_config
 from configs import eval as eval_config
 from configs import math as math_config
 from configs import online_dpo as online_dpo_config
+from configs import distill as distill_config
+from configs import rlaif as rlaif_config
 from configs import rm as rm_config
 from configs import sft as sft_config
 from configs import swe as swe_config
@@ -37,6 +39,8 @@ SHIPPED = [(swe_config, a) for a in ("tiny", "full", "torch", "sync", "full,torc
     (sft_config, a) for a in ("tiny", "torch", "smollm")] + [
     (rm_config, a) for a in ("tiny", "torch")] + [
     (online_dpo_config, a) for a in ("tiny", "torch", "smollm", "mode=simpo")] + [
+    (distill_config, a) for a in ("", "torch")] + [
+    (rlaif_config, a) for a in ("", "smollm", "torch,mode=ipo")] + [
     (eval_config, f"set={s}") for s in eval_config.SETS]
 
 

@@ -1,8 +1,9 @@
-"""configs/dpo.py and configs/online_dpo.py end to end through `python -m dockyard.launch`.
+"""configs/dpo.py, configs/rlaif.py and configs/online_dpo.py end to end through `python -m dockyard.launch`.
 
 configs/dpo.py (no Ray, no engines: the trainer, its frozen reference and the pairs): the tiny
 default learns on held-out pairs with the JAX trainer, and the torch trainer runs a couple of steps
-on a user's TRL-schema JSONL, then resumes. configs/online_dpo.py (the GRPO loop with the
+on a user's TRL-schema JSONL, then resumes. configs/rlaif.py makes its pairs with the model (an
+in-process CPU vLLM engine), trains on them and resumes on them. configs/online_dpo.py (the GRPO loop with the
 preference step): a few steps through Ray, the CPU vLLM engine and the refit canary.
 
 The JAX run is the config's default (100 steps of DPO + the chosen NLL on the math pairs, ~1 minute
@@ -84,3 +85,24 @@ def test_online_dpo_runs_through_the_launcher(tmp_path):
     assert abs(steps[0]["train/reward_margin"]) < 1e-4
   assert [r["step"] for r in rows if "val/accuracy" in r] == [0, 3]
   assert os.path.isdir(os.path.join(workdir, "checkpoints", "reference"))
+
+
+def test_rlaif_makes_its_pairs_trains_and_resumes_on_them(tmp_path):
+  """configs/rlaif.py: the in-process engine writes the tiny model's answers, critiques and revisions,
+  the DPO loop trains on revision-over-answer pairs; a resumed run reads the same pairs back."""
+  workdir = str(tmp_path / "rlaif")
+  args = ["--config=configs/rlaif.py", "--config.rlaif.num_train_prompts=16", "--config.rlaif.num_val_prompts=8",
+          "--config.dpo.val_period=2", "--config.dpo.num_pairs_per_step=4", "--config.optim.micro_batch_size=8",
+          "--config.logging.png_curve=False"]
+  proc, rows = launch(workdir, *args, "--config.dpo.num_steps=2")
+  with open(os.path.join(workdir, "rlaif_pairs.jsonl")) as f:
+    records = [json.loads(line) for line in f]
+  assert [r["split"] for r in records] == ["train"] * 16 + ["validation"] * 8
+  assert all(r["answer"] != r["revision"] for r in records if r["kept"]) and sum(r["kept"] for r in records) >= 12
+  assert "rlaif:" in proc.stdout
+  assert [r["step"] for r in rows if "train/loss" in r] == [1, 2]
+  assert [r["step"] for r in rows if "val/chosen_preferred" in r] == [0, 2]
+  mtime = os.path.getmtime(os.path.join(workdir, "rlaif_pairs.jsonl"))
+  proc, rows = launch(workdir, *args, "--config.dpo.num_steps=3")
+  assert [r["step"] for r in rows if "train/loss" in r] == [1, 2, 3]
+  assert os.path.getmtime(os.path.join(workdir, "rlaif_pairs.jsonl")) == mtime and "rlaif:" not in proc.stdout
