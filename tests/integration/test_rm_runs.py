@@ -1,7 +1,8 @@
 """configs/rm.py end to end through `python -m dockyard.launch` (no Ray, no engines): the tiny
 default (JAX) and `:torch` train a reward model whose held-out pair accuracy goes from what the
 random head gives to nearly all pairs, and the saved model then scores the math env's held-out
-tasks as a GRPO environment (`envs.reward_model.RewardModelEnv`).
+tasks as a GRPO environment (`envs.reward_model.RewardModelEnv`) and rewards two GRPO steps of
+configs/math.py through the launcher.
 
 The default pairs prefer the gold answer ("7") to the same answer in words ("seven"), which the
 env cannot parse (docs/rm.md). Measured here: held-out val/accuracy 0.15 -> 1.00 (JAX, 20 steps)
@@ -62,6 +63,20 @@ def test_tiny_rm_learns_and_scores_the_math_env(tmp_path):
   assert np.mean([g.value > w.value for g, w in zip(gold, words)]) >= MIN_ACCURACY
   assert all(env.is_success(g) for g in gold) and not any(env.is_success(w) for w in words)
   assert env.batches_scored == 2
+
+  # GRPO through the launcher with that reward model as the math env's reward (Ray, the CPU vLLM
+  # engine, refit with the canary): its training reward is the model's scalar, its validation the
+  # env's own verdict.
+  _, rows = launch(str(tmp_path / "grpo_rm"), "--config=configs/math.py",
+                   f"--config.env.reward_model.path={config.env.reward_model.path}",
+                   "--config.grpo.sft_warmup.steps=20", "--config.grpo.max_num_steps=2",
+                   "--config.grpo.val_period=2", "--config.logging.png_curve=False")
+  steps = [r for r in rows if "reward/raw_mean" in r]
+  assert [r["step"] for r in steps] == [1, 2]
+  assert all(math.isfinite(r["reward/raw_mean"]) and r["reward/raw_std"] > 0 for r in steps)
+  # The model's scalar, not the verifier's 0 / 1: a mean of 16 x 8 binary rewards is a multiple of 1/128.
+  assert any(abs(r["reward/raw_mean"] * 128 - round(r["reward/raw_mean"] * 128)) > 1e-3 for r in steps)
+  assert [r["step"] for r in rows if "val/accuracy" in r] == [0, 2]
 
 
 def test_torch_backend_learns(tmp_path):
