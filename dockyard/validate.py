@@ -323,8 +323,29 @@ def _validate_mesh(config) -> None:
   if len(config.mesh.shape) != len(config.mesh.axes):
     raise ConfigError("mesh.shape", f"{tuple(config.mesh.shape)} has {len(config.mesh.shape)} entries "
                       f"but mesh.axes has {len(config.mesh.axes)}")
-  resolve_mesh_shape(config.mesh.shape, _mesh_devices(config))
+  shape = resolve_mesh_shape(config.mesh.shape, _mesh_devices(config))
+  _validate_sequence_axis(config, dict(zip(config.mesh.axes, shape)).get("sequence", 1))
   _validate_family(config)
+
+
+def _validate_sequence_axis(config, size: int) -> None:
+  """A 'sequence' mesh axis (context parallelism, dockyard/trainer_jax/context_parallel.py) splits
+  each row's tokens: it must divide every padded row length, and no logical rule may use it."""
+  if size <= 1:
+    return
+  if config.policy.backend != "jax":
+    raise ConfigError("mesh.shape", f"a 'sequence' mesh axis of size {size} (context parallelism) is "
+                      f"JAX-only; policy.backend={config.policy.backend!r} has none: set it to 1")
+  for key in ("policy.seq_bucket", "policy.packing_row_tokens"):
+    section, name = key.split(".")
+    length = int(config[section].get(name, 0))
+    if length % size:
+      raise ConfigError(key, f"{length} is not a multiple of the 'sequence' mesh axis ({size}): "
+                        f"rows pad to multiples of it and each device takes an equal block of tokens")
+  for name, target in config.mesh.rules:
+    if "sequence" in ((target,) if isinstance(target, str) else tuple(target or ())):
+      raise ConfigError("mesh.rules", f"{name!r} maps to the 'sequence' mesh axis, which splits tokens "
+                        f"only (the policy places them; no logical rule may use it)")
 
 
 def _model_family(config) -> tuple[str, int] | None:

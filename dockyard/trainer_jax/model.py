@@ -17,6 +17,7 @@ import numpy as np
 from flax import nnx
 
 from dockyard.models.model_config import ModelConfig
+from dockyard.trainer_jax import context_parallel
 
 _INIT = nnx.initializers.normal(0.02)
 
@@ -174,13 +175,20 @@ class Attention(nnx.Module):
     self.num_kv_heads, self.head_dim = c.num_kv_heads, c.head_dim
     self.logit_scale = c.attn_scale   # None: head_dim**-0.5
     self.sliding_window = c.sliding_window if sliding else 0
+    # A `context_parallel.SeqParallel` when a 'sequence' mesh axis splits the tokens (set by
+    # `context_parallel.enable`); None: attention over the whole row on each device.
+    self.seq_parallel = None
 
   def __call__(self, x, cos, sin, lengths, segments=None):
     q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
     if self.q_norm is not None:  # Qwen3 normalizes per head before RoPE
       q, k = self.q_norm(q), self.k_norm(k)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    if segments is not None:  # packed rows: (segment_ids, window)
+    if self.seq_parallel is not None:   # tokens split over 'sequence': all-gathered K/V per block
+      out = context_parallel.attention(self.seq_parallel, q, k, v, lengths,
+                                       None if segments is None else segments[0],
+                                       scale=self.logit_scale, sliding_window=self.sliding_window)
+    elif segments is not None:  # packed rows: (segment_ids, window)
       out = segment_attention(q, k, v, *segments, scale=self.logit_scale, sliding_window=self.sliding_window)
     else:
       # Causal + per-row key lengths (right padding) instead of a materialised [B, T, T] mask:

@@ -29,7 +29,7 @@ from dockyard import config_lib, packing
 from dockyard.policy import LossFn, Policy, TrainBatch, check_layout
 from dockyard.models import name_map
 from dockyard.models.lora import LoRAConfig, check_matches as check_lora_matches, write_peft_adapter
-from dockyard.trainer_jax import hf_io, lora, train
+from dockyard.trainer_jax import context_parallel, hf_io, lora, train
 from dockyard.trainer_jax import moe as moe_lib
 from dockyard.trainer_jax import sharding as shd
 from dockyard.trainer_jax.checkpoint import Checkpointer
@@ -67,6 +67,11 @@ class JaxPolicy(Policy):
       raise ValueError("config.optim.micro_batch_tokens: the JAX trainer's micro-batches share one "
                        "compiled shape, so a token budget over unpacked rows saves nothing; set "
                        "config.policy.packing_row_tokens instead (micro-batches of packed rows)")
+    seq = context_parallel.axis_size(mesh)
+    for key, length in (("policy.seq_bucket", self.bucket), ("policy.packing_row_tokens", self.packing_row_tokens)):
+      if length % seq:
+        raise ValueError(f"config.{key}={length} must be a multiple of the mesh's 'sequence' axis "
+                         f"({seq}), which splits each row's tokens")
     batch_axes = shd.batch_axis_size(mesh, self.rules)
     if self.micro_batch_size % batch_axes:
       raise ValueError(f"config.optim.micro_batch_size={self.micro_batch_size} must be a multiple of "
@@ -94,6 +99,7 @@ class JaxPolicy(Policy):
     lora_config = LoRAConfig.from_config(config)
     if lora_config is not None:  # adapters on the frozen base; the optimizer holds them alone
       lora.attach(model, lora_config, mesh, rules, seed=int(_get(config, "run.seed", 0)))
+    context_parallel.enable(model, context_parallel.make(mesh, rules))   # no-op without 'sequence'
     optimizer = train.make_optimizer(model, config.optim, total, mesh,
                                      wrt=nnx.Param if lora_config is None else lora.ADAPTER_FILTER)
     return cls(model, optimizer, mesh, rules, config.optim, total,
@@ -139,16 +145,17 @@ class JaxPolicy(Policy):
       x = np.pad(x, widths)
       return x.reshape((n_cap, mb) + x.shape[1:])
 
-    def put(x):
-      return jax.device_put(x, shd.batch_sharding(self.mesh, self.rules, x.ndim, batch_dim=1))
+    def put(x, tokens=False):   # tokens: [n, mb, T], T split over a 'sequence' axis if any
+      return jax.device_put(x, shd.batch_sharding(self.mesh, self.rules, x.ndim, batch_dim=1,
+                                                  token_dim=2 if tokens else None))
     replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
     out = dict(
         # Replicated, like the optimizer's scalars: traced inputs, so a new T or count does not recompile.
         temperature=jax.device_put(np.float32(batch.temperature), replicated),
         num_micro=jax.device_put(np.int32(n), replicated),
-        input_ids=put(pad(batch.input_ids).astype(np.int32)),
-        attention_mask=put(pad(batch.attention_mask).astype(np.int32)),
-        loss_mask=put(pad(batch.loss_mask).astype(np.float32)),
+        input_ids=put(pad(batch.input_ids).astype(np.int32), tokens=True),
+        attention_mask=put(pad(batch.attention_mask).astype(np.int32), tokens=True),
+        loss_mask=put(pad(batch.loss_mask).astype(np.float32), tokens=True),
         extras={k: put(pad(v)) for k, v in batch.extras.items()},
     )
     return out, b
@@ -177,7 +184,8 @@ class JaxPolicy(Policy):
       return stack([x[m.seqs] for m in micros], shape, x.dtype)
 
     rows = (self.micro_batch_size, self.packing_row_tokens)
-    sharded = lambda x: jax.device_put(x, shd.batch_sharding(self.mesh, self.rules, x.ndim, batch_dim=1))
+    sharded = lambda x: jax.device_put(x, shd.batch_sharding(self.mesh, self.rules, x.ndim, batch_dim=1,
+                                                             token_dim=2))   # rows [n, R, L]
     replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
     rep = lambda x: jax.device_put(x, replicated)
     out = dict(

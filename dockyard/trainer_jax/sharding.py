@@ -63,13 +63,18 @@ def state_shardings(state: nnx.State, rules: Rules, mesh) -> nnx.State:
   return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
-def batch_sharding(mesh, rules: Rules, ndim: int, batch_dim: int = 0) -> NamedSharding:
-  """Sharding of a batch array: dimension `batch_dim` over the 'batch' rule's mesh axes."""
+def batch_sharding(mesh, rules: Rules, ndim: int, batch_dim: int = 0,
+                   token_dim: int | None = None) -> NamedSharding:
+  """Sharding of a batch array: dimension `batch_dim` over the 'batch' rule's mesh axes, and
+  `token_dim` (if given) over the 'sequence' axis when the mesh has one of size > 1
+  (context parallelism, `dockyard.trainer_jax.context_parallel`)."""
   table = dict(rules)
   target = table.get("batch")
   target = tuple(target) if isinstance(target, (list, tuple)) else target
   spec = [None] * ndim
   spec[batch_dim] = target
+  if token_dim is not None and dict(mesh.shape).get("sequence", 1) > 1:
+    spec[token_dim] = "sequence"
   return NamedSharding(mesh, P(*spec))
 
 
