@@ -86,7 +86,8 @@ def get_config(arg=None):
   )
 
   # mesh: trainer devices as (data, fsdp, tensor); -1 is "the rest". Logical axis rules map
-  # the names used inside the modules to mesh axes.
+  # the names used inside the modules to mesh axes. An optional 'sequence' axis splits each row's
+  # tokens (context parallelism, docs/context_parallel.md).
   config.mesh = dict(
       shape=(1, -1, 1),
       axes=("data", "fsdp", "tensor"),
