@@ -68,7 +68,8 @@ class JaxPolicy(Policy):
                        "compiled shape, so a token budget over unpacked rows saves nothing; set "
                        "config.policy.packing_row_tokens instead (micro-batches of packed rows)")
     seq = context_parallel.axis_size(mesh)
-    for key, length in (("policy.seq_bucket", self.bucket), ("policy.packing_row_tokens", self.packing_row_tokens)):
+    for key, length in (("policy.seq_bucket", self.bucket),
+                        ("policy.packing_row_tokens", self.packing_row_tokens)):
       if length % seq:
         raise ValueError(f"config.{key}={length} must be a multiple of the mesh's 'sequence' axis "
                          f"({seq}), which splits each row's tokens")

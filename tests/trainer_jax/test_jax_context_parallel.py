@@ -60,7 +60,8 @@ def _grads(model, mb, loss_mask):
 
 
 def _run(path, shape, axes, packing=0):
-  """The policy, its stacked batch, and (logprobs, loss, per-parameter gradients)."""
+  """The policy, its stacked batch, and (logprobs of the batch, per-parameter gradients of
+  `_loss` on its first micro-batch)."""
   config = _config(shape, axes, packing)
   policy = JaxPolicy.from_hf(path, config, devices=jax.devices()[:int(np.prod(shape))])
   batch = _batch(policy.model.config.vocab_size)
@@ -136,5 +137,6 @@ def test_attention_with_window_and_segments_matches_unsplit():
       np.testing.assert_allclose(got[0], want[0], atol=1e-4, rtol=1e-6)
       for g, w in zip(got[1], want[1]):
         np.testing.assert_allclose(g, w, atol=TOL, rtol=1e-6)
-  out = jax.jit(lambda q, k, v: cp.attention(sp, q, k, v, lengths, None, scale=None, sliding_window=0))(qs, ks, vs)
+  out = jax.jit(lambda q, k, v: cp.attention(sp, q, k, v, lengths, None, scale=None,
+                                             sliding_window=0))(qs, ks, vs)
   assert {s.data.shape[1] for s in out.addressable_shards} == {t // 2}
