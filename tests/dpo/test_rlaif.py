@@ -1,8 +1,6 @@
 """RLAIF's pair making (`dockyard/rlaif.py`) around a scripted engine: the three turns of each
 conversation, the principles in turn, the pairs kept; and the config's checks. The real engine and
 the DPO loop run in tests/integration/test_dpo_runs.py."""
-import os
-
 import pytest
 import transformers
 
@@ -10,8 +8,7 @@ from dockyard import validate
 from dockyard.models import tiny
 from dockyard.rlaif import RlaifConfig, make_pairs
 from dockyard.rollout.base import Completion
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.config_overrides import with_overrides
 
 
 class Scripted:
@@ -56,12 +53,6 @@ def test_pairs_are_revision_over_answer_with_the_principles_in_turn():
     ({"data.train": "pairs.jsonl"}, "data.train"),
 ])
 def test_bad_rlaif_settings_are_named(override, key):
-  config = validate.load_config_file(os.path.join(ROOT, "configs/rlaif.py"))
-  for dotted, value in override.items():
-    node = config
-    *path, last = dotted.split(".")
-    for p in path:
-      node = node[p]
-    node[last] = value
+  config = with_overrides("configs/rlaif.py", override)
   with pytest.raises(validate.ConfigError, match=key.replace(".", r"\.")):
     validate.validate(config)

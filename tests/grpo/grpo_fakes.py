@@ -25,6 +25,7 @@ from dockyard.envs.base import Reward
 from dockyard.envs.math import MathEnv
 from dockyard.policy import Policy, TrainBatch
 from dockyard.rollout.base import Completion, Generator, SamplingParams
+from tests.config_overrides import set_dotted
 
 WEIGHT = "bigram.weight"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -42,12 +43,7 @@ def math_config(spec: str = "configs/math.py", **over):
   config.rollout.max_new_tokens = 6
   config.checkpoint.metric, config.checkpoint.save_period, config.checkpoint.keep_top_k = "val/reward_mean", 4, 2
   config.logging.tensorboard, config.logging.png_curve = False, False
-  for k, v in over.items():
-    node = config
-    *path, last = k.split(".")
-    for p in path:
-      node = node[p]
-    node[last] = v
+  set_dotted(config, over)
   validate.validate(config)
   return config
 

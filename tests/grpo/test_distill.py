@@ -13,8 +13,9 @@ from dockyard.distill import distill_update, token_advantages
 from dockyard.envs.math import MathConfig
 from dockyard.policy import TrainBatch
 
-from grpo_fakes import ROOT, BigramPolicy, FirstDigitEnv, math_config, run_grpo
+from grpo_fakes import BigramPolicy, FirstDigitEnv, math_config, run_grpo
 from test_grpo_loop import _parts
+from tests.config_overrides import with_overrides
 
 
 class Fixed:
@@ -74,12 +75,6 @@ def test_the_loop_with_the_distill_objective_pulls_the_student_to_the_teacher(to
     ({"grpo.objective": "policy_gradient"}, "grpo.distill"),
 ])
 def test_bad_distill_settings_are_named(override, key):
-  config = validate.load_config_file(os.path.join(ROOT, "configs/distill.py"))
-  for dotted, value in override.items():
-    node = config
-    *path, last = dotted.split(".")
-    for p in path:
-      node = node[p]
-    node[last] = value
+  config = with_overrides("configs/distill.py", override)
   with pytest.raises(validate.ConfigError, match=key.replace(".", r"\.")):
     validate.validate(config)

@@ -15,8 +15,9 @@ from dockyard.envs.math import MathConfig
 from dockyard.grpo.batch import Group
 from dockyard.rollout.base import Completion
 
-from grpo_fakes import ROOT, BigramPolicy, FirstDigitEnv, math_config, run_grpo
+from grpo_fakes import BigramPolicy, FirstDigitEnv, math_config, run_grpo
 from test_grpo_loop import _parts
+from tests.config_overrides import with_overrides
 
 
 def _group(prompt, completions, shaped):
@@ -82,19 +83,12 @@ def test_the_loop_with_the_dpo_objective_raises_the_reward(tokenizer, tmp_path, 
     ({"grpo.num_minibatches": 2}, "grpo.num_minibatches"),
 ])
 def test_bad_online_dpo_settings_are_named(override, key):
-  config = validate.load_config_file(os.path.join(ROOT, "configs/online_dpo.py"))
-  for dotted, value in override.items():
-    node = config
-    *path, last = dotted.split(".")
-    for p in path:
-      node = node[p]
-    node[last] = value
+  config = with_overrides("configs/online_dpo.py", override)
   with pytest.raises(validate.ConfigError, match=key.replace(".", r"\.")):
     validate.validate(config)
 
 
 def test_a_policy_gradient_config_needs_no_preference_section():
-  config = validate.load_config_file(os.path.join(ROOT, "configs/math.py"))
-  config.grpo.objective = "dpo"
+  config = with_overrides("configs/math.py", {"grpo.objective": "dpo"})
   with pytest.raises(validate.ConfigError, match=r"grpo\.preference"):
     validate.validate(config)
