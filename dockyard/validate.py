@@ -281,11 +281,16 @@ def _validate_backend_and_model(config) -> None:
     specs.append(("policy.tiny.tokenizer_from", str(config.policy.tiny.get("tokenizer_from", ""))))
   for key, spec in specs:
     if spec.startswith("package:"):
-      from dockyard.models import packaged  # stdlib only: nothing heavy loads here
-      try:
-        packaged.check(spec)
-      except packaged.PackagedModelError as e:
-        raise ConfigError(key, str(e)) from None
+      _check_package(key, spec)
+
+
+def _check_package(key: str, spec: str) -> None:
+  """A `package:<name>` model its package must ship (checked without loading), named by `key`."""
+  from dockyard.models import packaged  # stdlib only: nothing heavy loads here
+  try:
+    packaged.check(spec)
+  except packaged.PackagedModelError as e:
+    raise ConfigError(key, str(e)) from None
 
 
 def _validate_packing(config, preference: bool = False) -> None:
@@ -404,6 +409,15 @@ def _validate_family(config) -> None:
                         f"split: add ('expert', 'expert')")
 
 
+def _check_section_keys(section, name: str, keys) -> None:
+  """A section whose keys are exactly `keys`: an unknown or a missing one is named."""
+  unknown, missing = sorted(set(section) - set(keys)), sorted(set(keys) - set(section))
+  if unknown:
+    raise ConfigError(name, f"unknown keys {unknown}" + (f", missing keys {missing}" if missing else ""))
+  if missing:
+    raise ConfigError(name, f"missing keys {missing}")
+
+
 PREFERENCE_KEYS = ("mode", "beta", "label_smoothing", "dpop_lambda", "length_alpha", "sft_weight",
                    "simpo_gamma", "orpo_lambda")
 
@@ -427,11 +441,7 @@ def _validate_objective(config) -> None:
   if "preference" not in grpo:
     raise ConfigError("grpo.preference", f"grpo.objective='dpo' needs the preference loss's options "
                       f"({', '.join(PREFERENCE_KEYS)}): see configs/online_dpo.py")
-  unknown = sorted(set(grpo.preference) - set(PREFERENCE_KEYS))
-  missing = sorted(set(PREFERENCE_KEYS) - set(grpo.preference))
-  if unknown or missing:
-    raise ConfigError("grpo.preference", f"unknown keys {unknown}, missing keys {missing}" if unknown
-                      else f"missing keys {missing}")
+  _check_section_keys(grpo.preference, "grpo.preference", PREFERENCE_KEYS)
   from dockyard.dpo.loss_spec import PreferenceConfig   # NumPy only: no model, no backend
   try:
     PreferenceConfig.from_config(grpo.preference)
@@ -463,20 +473,14 @@ def _validate_distill(config) -> None:
     raise ConfigError("grpo.distill", f"grpo.objective='distill' needs ({', '.join(DISTILL_KEYS)}): "
                       "see configs/distill.py")
   distill = grpo.distill
-  unknown, missing = sorted(set(distill) - set(DISTILL_KEYS)), sorted(set(DISTILL_KEYS) - set(distill))
-  if unknown or missing:
-    raise ConfigError("grpo.distill", f"unknown keys {unknown}, missing keys {missing}")
+  _check_section_keys(distill, "grpo.distill", DISTILL_KEYS)
   teachers = tuple(distill.teachers)
   if not teachers:
     raise ConfigError("grpo.distill.teachers", "names no teacher: give one or more HF directories (or "
                       "package:<name>) of models that share the student's tokenizer")
-  from dockyard.models import packaged  # stdlib only: nothing heavy loads here
   for spec in teachers:
     if str(spec).startswith("package:"):
-      try:
-        packaged.check(spec)
-      except packaged.PackagedModelError as e:
-        raise ConfigError("grpo.distill.teachers", str(e)) from None
+      _check_package("grpo.distill.teachers", str(spec))
     elif not os.path.isfile(os.path.join(str(spec), "config.json")):
       raise ConfigError("grpo.distill.teachers", f"{spec!r} is not an HF model directory (no config.json)")
   weights = tuple(float(w) for w in distill.weights)
@@ -639,12 +643,7 @@ def _validate_terminal(config) -> None:
     raise ConfigError("env.terminal", f"missing ({', '.join(sorted(keys))})")
   from dockyard.data import terminal as terminal_data
   terminal = config.env.terminal
-  unknown = sorted(set(terminal) - keys)
-  if unknown:
-    raise ConfigError("env.terminal", f"unknown keys {unknown}")
-  missing = sorted(keys - set(terminal))
-  if missing:
-    raise ConfigError("env.terminal", f"missing keys {missing}")
+  _check_section_keys(terminal, "env.terminal", keys)
   if terminal.tasks_per_family < 1:
     raise ConfigError("env.terminal.tasks_per_family", f"must be >= 1, got {terminal.tasks_per_family}")
   for key in ("train_families", "heldout_families"):
