@@ -48,7 +48,7 @@ def test_a_step_uses_the_reference_when_the_mode_reads_it(tokenizer):
   assert m["train/preference_loss"] == pytest.approx(np.log(2), rel=1e-5)
   with pytest.raises(ValueError, match="reference"):
     dpo_update(policy, groups, loss_fn, cfg, pad_id=0, temperature=1.0, reference=None)
-  flat = dpo_update(policy, groups[:1] * 0 + [_group([1], [[2], [3]], [0.5, 0.5])], loss_fn, cfg,
+  flat = dpo_update(policy, [_group([1], [[2], [3]], [0.5, 0.5])], loss_fn, cfg,
                     pad_id=0, temperature=1.0, reference=reference)
   assert flat == {"train/pairs": 0.0, "train/skipped": 1.0} and policy.step == 1
 
