@@ -58,7 +58,7 @@ def distill_update(teachers: Sequence[Policy], weights: Sequence[float], reward_
   def fn(policy: Policy, groups, settings, reference: Policy | None) -> dict[str, float]:
     return train_on_groups(
         policy, groups, settings.update_loss, pad_id=settings.pad_id, kl_coef=settings.kl_coef,
-        reference=reference, is_cap=settings.is_cap, num_minibatches=settings.num_minibatches,
+        reference=reference, num_minibatches=settings.num_minibatches,
         temperature=settings.sampling.temperature,
         advantage_fn=lambda batch: token_advantages(batch, teachers, weights, reward_weight))
   return Update(fn, name="distill")

@@ -74,7 +74,6 @@ class RunSettings:
   update_loss: LossFn   # the update's loss: clipped PG, or the preference loss (grpo.objective='dpo')
   nll: LossFn
   kl_coef: float
-  is_cap: float | None
   pad_id: int
   max_in_flight: int
   sampling: SamplingParams
@@ -91,11 +90,9 @@ class RunSettings:
     if kl_coef != 0 and reference is None:
       raise ValueError("loss_fn.reference_policy_kl_penalty != 0 needs a reference policy "
                        "(reference=a Policy, or a callable that builds one from the initial checkpoint)")
-    is_cap = (float(config.loss_fn.truncated_importance_sampling_ratio)
-              if config.loss_fn.use_importance_sampling_correction else None)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     rollout = config.rollout
-    return cls(update_loss=update_loss, nll=nll, kl_coef=kl_coef, is_cap=is_cap, pad_id=pad_id,
+    return cls(update_loss=update_loss, nll=nll, kl_coef=kl_coef, pad_id=pad_id,
                max_in_flight=max_in_flight(config), sampling=sampling_params(config),
                val_sampling=SamplingParams(temperature=rollout.val_temperature, top_p=1.0,
                                            max_tokens=rollout.max_new_tokens, seed=config.run.seed),

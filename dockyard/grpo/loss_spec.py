@@ -12,7 +12,10 @@ The three kinds of logprobs (all per token, [B, T], only read where loss_mask is
   prev_logprobs       the same policy at the start of this optimizer step, recomputed by the
                       trainer on the batch; the PPO ratio is exp(logprobs - prev_logprobs). On the
                       first epoch over a batch it equals `logprobs` detached (ratio 1, gradient of
-                      the ratio = the ordinary policy gradient).
+                      the ratio = the ordinary policy gradient), so it may be left out: absent,
+                      prev_logprobs := logprobs detached (the step that takes ONE optimizer step
+                      per batch skips a whole forward pass; TRL does the same when it trains each
+                      batch once).
   generation_logprobs what the inference engine's sampler reported when it produced the tokens
                       (possibly older weights under async GRPO, and a different numeric stack).
   reference_logprobs  the frozen reference policy, for the KL penalty (absent when its
@@ -45,7 +48,10 @@ sequence + sequence is GSPO, token + token is DAPO, and either level + constant 
 
 Metrics follow the same summable normalization (token metrics / N_tok): pg_loss, kl,
 clip_fraction (tokens whose clipped branch is active), dual_clip_fraction, ratio_mean,
-is_weight_mean. They are exact under micro-batching because they are sums.
+is_weight_mean; and, when generation_logprobs are in the batch, the trainer-vs-sampler mismatch
+before truncation: is_ratio_mean (exp(prev - gen)), is_logprob_abs_diff_mean (|prev - gen|) and
+is_truncated_fraction (tokens with exp(prev - gen) > cap, when the correction is on). They are
+exact under micro-batching because they are sums.
 """
 from __future__ import annotations
 
@@ -102,7 +108,7 @@ class LossConfig:
         max_completion_tokens=int(config.rollout.max_new_tokens))
 
 
-REQUIRED_EXTRAS = ("advantages", "prev_logprobs")
+REQUIRED_EXTRAS = ("advantages",)   # prev_logprobs: optional, see the module docstring
 
 
 def check_extras(extras: Mapping[str, Any], cfg: LossConfig) -> None:
@@ -123,7 +129,7 @@ def clipped_pg_loss(logprobs: np.ndarray, loss_mask: np.ndarray, extras: Mapping
   check_extras(extras, cfg)
   lp = np.asarray(logprobs, np.float64)
   m = np.asarray(loss_mask, np.float64)
-  prev = np.asarray(extras["prev_logprobs"], np.float64)
+  prev = np.asarray(extras["prev_logprobs"], np.float64) if "prev_logprobs" in extras else lp
   adv = np.asarray(extras["advantages"], np.float64)
   if adv.ndim == 1:
     adv = adv[:, None]
@@ -173,6 +179,11 @@ def clipped_pg_loss(logprobs: np.ndarray, loss_mask: np.ndarray, extras: Mapping
       loss=float(loss), pg_loss=tok_mean(w * pg), kl=tok_mean(kl),
       clip_fraction=tok_mean(clip_active), dual_clip_fraction=tok_mean(dual_active),
       ratio_mean=tok_mean(ratio), is_weight_mean=tok_mean(w))
+  if "generation_logprobs" in extras:
+    diff = (prev - np.asarray(extras["generation_logprobs"], np.float64)) * m
+    metrics.update(is_ratio_mean=tok_mean(np.exp(diff)), is_logprob_abs_diff_mean=tok_mean(np.abs(diff)))
+    if cfg.use_importance_sampling_correction:
+      metrics["is_truncated_fraction"] = tok_mean(np.exp(diff) > cfg.truncated_importance_sampling_ratio)
   return float(loss), metrics
 
 

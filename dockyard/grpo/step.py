@@ -139,19 +139,6 @@ def rollout_stats(groups: Sequence[Group], generate_s: float) -> dict[str, float
   }
 
 
-def importance_stats(prev: np.ndarray, gen: np.ndarray, mask: np.ndarray, cap: float | None) -> dict:
-  """Trainer-vs-sampler mismatch: exp(prev - generation) over the loss tokens."""
-  diff = (prev - gen)[mask > 0].astype(np.float64)
-  if diff.size == 0:
-    return {}
-  ratio = np.exp(diff)
-  out = {"is/ratio_mean": float(ratio.mean()), "is/ratio_min": float(ratio.min()),
-         "is/ratio_max": float(ratio.max()), "is/logprob_abs_diff_mean": float(np.abs(diff).mean())}
-  if cap:
-    out["is/truncated_fraction"] = float((ratio > cap).mean())
-  return out
-
-
 def split_rows(batch: TrainBatch, parts: int) -> list[TrainBatch]:
   """`parts` contiguous row slices of a batch (extras sliced along their first axis)."""
   bounds = np.linspace(0, batch.batch_size, min(parts, batch.batch_size) + 1).astype(int)
@@ -162,26 +149,31 @@ def split_rows(batch: TrainBatch, parts: int) -> list[TrainBatch]:
 
 def train_on_groups(policy: Policy, groups: Sequence[Group], loss_fn: LossFn, *, pad_id: int,
                     kl_coef: float = 0.0, reference: Policy | None = None,
-                    is_cap: float | None = None, pad_multiple: int = PAD_MULTIPLE,
+                    pad_multiple: int = PAD_MULTIPLE,
                     num_minibatches: int = 1, temperature: float = 1.0,
                     advantage_fn: Callable[[TrainBatch], tuple[np.ndarray, dict]] | None = None,
                     ) -> dict[str, float]:
-  """Packs the groups, recomputes prev (and reference) logprobs once, then takes one optimizer
-  step per minibatch (`num_minibatches` row slices; metrics are their mean, `lr` the last).
+  """Packs the groups, then takes one optimizer step per minibatch (`num_minibatches` row slices;
+  metrics are their mean, `lr` the last). prev logprobs (the policy before this update) are
+  recomputed in a separate forward pass only where something reads them apart from the step
+  itself: later minibatches (the policy has moved by then) and `advantage_fn`. With one
+  minibatch the loss takes prev as its own logprobs detached (`loss_spec`), the same numbers
+  without the pass. Reference logprobs (KL) are one forward pass of `reference`.
   `temperature`: what the groups were sampled at; prev, reference and trained logprobs are all
   of softmax(logits / T), the distribution the engine's generation logprobs describe.
   `advantage_fn(batch) -> (advantages [B] or [B, T], metrics)`, when given, replaces the groups'
   advantages once the batch holds its prev logprobs (on-policy distillation's per-token ones)."""
   batch = make_train_batch(groups, pad_id, pad_multiple, temperature)
   m = batch.loss_mask
-  # prev_logprobs: the policy as it is before this step, so the ratio starts at exactly 1.
-  batch.extras["prev_logprobs"] = np.asarray(policy.logprobs(batch), np.float32) * m
+  if num_minibatches > 1 or advantage_fn is not None:
+    # the policy as it is before this update, so every minibatch's ratio is against it
+    batch.extras["prev_logprobs"] = np.asarray(policy.logprobs(batch), np.float32) * m
   if kl_coef != 0:
     if reference is None:
       raise ValueError("loss_fn.reference_policy_kl_penalty != 0 needs a reference policy; pass "
                        "reference=... or set the penalty to 0")
     batch.extras["reference_logprobs"] = np.asarray(reference.logprobs(batch), np.float32) * m
-  metrics = importance_stats(batch.extras["prev_logprobs"], batch.extras["generation_logprobs"], m, is_cap)
+  metrics = {}
   if advantage_fn is not None:
     advantages, extra = advantage_fn(batch)
     batch.extras["advantages"] = np.asarray(advantages, np.float32)
@@ -197,9 +189,9 @@ def train_on_groups(policy: Policy, groups: Sequence[Group], loss_fn: LossFn, *,
 
 def update_policy(policy: Policy, groups: Sequence[Group], settings, reference: Policy | None) -> dict[str, float]:
   """One GRPO update on the kept groups with the run's settings (`harness.RunSettings`: loss,
-  KL coefficient, IS cap, padding, minibatches, the sampling temperature)."""
+  KL coefficient, padding, minibatches, the sampling temperature)."""
   return train_on_groups(policy, groups, settings.update_loss, pad_id=settings.pad_id, kl_coef=settings.kl_coef,
-                         reference=reference, is_cap=settings.is_cap, num_minibatches=settings.num_minibatches,
+                         reference=reference, num_minibatches=settings.num_minibatches,
                          temperature=settings.sampling.temperature)
 
 

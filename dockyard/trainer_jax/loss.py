@@ -29,7 +29,8 @@ def clipped_pg_loss(logprobs, loss_mask, extras: Mapping[str, Any], cfg: LossCon
   sg = jax.lax.stop_gradient
   lp = logprobs.astype(jnp.float32)
   m = jnp.asarray(loss_mask, jnp.float32)
-  prev = sg(jnp.asarray(extras["prev_logprobs"], jnp.float32))
+  # absent: this is the batch's one optimizer step, so prev is the policy now, detached
+  prev = sg(jnp.asarray(extras["prev_logprobs"], jnp.float32) if "prev_logprobs" in extras else lp)
   adv = sg(jnp.asarray(extras["advantages"], jnp.float32))
   if adv.ndim == 1:
     adv = adv[:, None]
@@ -77,6 +78,12 @@ def clipped_pg_loss(logprobs, loss_mask, extras: Mapping[str, Any], cfg: LossCon
       loss=sg(loss), pg_loss=tok_mean(w * pg), kl=tok_mean(kl),
       clip_fraction=tok_mean(clip_active), dual_clip_fraction=tok_mean(dual_active),
       ratio_mean=tok_mean(ratio), is_weight_mean=tok_mean(w))
+  if "generation_logprobs" in extras:
+    diff = (prev - jnp.asarray(extras["generation_logprobs"], jnp.float32)) * m
+    metrics.update(is_ratio_mean=tok_mean(jnp.exp(diff)), is_logprob_abs_diff_mean=tok_mean(jnp.abs(diff)))
+    if cfg.use_importance_sampling_correction:
+      metrics["is_truncated_fraction"] = tok_mean(
+          (jnp.exp(diff) > cfg.truncated_importance_sampling_ratio).astype(jnp.float32))
   return loss, metrics
 
 

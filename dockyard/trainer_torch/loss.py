@@ -33,7 +33,8 @@ def clipped_pg_loss(logprobs: torch.Tensor, loss_mask, extras: Mapping[str, Any]
   check_extras(extras, cfg)
   lp = logprobs.to(torch.float32)
   m = _f32(loss_mask, lp)
-  prev = _f32(extras["prev_logprobs"], lp)
+  # absent: this is the batch's one optimizer step, so prev is the policy now, detached
+  prev = _f32(extras["prev_logprobs"], lp) if "prev_logprobs" in extras else lp.detach()
   adv = _f32(extras["advantages"], lp)
   if adv.ndim == 1:
     adv = adv[:, None]
@@ -81,6 +82,12 @@ def clipped_pg_loss(logprobs: torch.Tensor, loss_mask, extras: Mapping[str, Any]
       loss=loss.detach(), pg_loss=tok_mean(w * pg), kl=tok_mean(kl),
       clip_fraction=tok_mean(clip_active), dual_clip_fraction=tok_mean(dual_active),
       ratio_mean=tok_mean(ratio), is_weight_mean=tok_mean(w))
+  if "generation_logprobs" in extras:
+    diff = (prev - _f32(extras["generation_logprobs"], lp)) * m
+    metrics.update(is_ratio_mean=tok_mean(torch.exp(diff)), is_logprob_abs_diff_mean=tok_mean(diff.abs()))
+    if cfg.use_importance_sampling_correction:
+      metrics["is_truncated_fraction"] = tok_mean(
+          (torch.exp(diff) > cfg.truncated_importance_sampling_ratio).to(torch.float32))
   return loss, metrics
 
 

@@ -92,22 +92,40 @@ def _alternating_reward_groups(gen, env, tokenizer, config, sampling=None):
   return kept
 
 
-def test_train_on_groups_recomputes_prev_logprobs(tokenizer):
+def test_one_minibatch_takes_its_step_without_a_prev_logprob_pass(tokenizer):
+  """One minibatch: prev logprobs are the step's own logprobs detached (no separate forward
+  pass), and the update equals the one taken against recomputed prev logprobs."""
   policy = BigramPolicy(len(tokenizer), micro_batch_size=3)
+  twin = BigramPolicy(len(tokenizer), micro_batch_size=3)
   gen = BigramGenerator(np.asarray(policy.table), tokenizer.eos_token_id)
   env = MathEnv(MathConfig(num_train=4, num_validation=0))
   config = math_config()
   kept = _alternating_reward_groups(gen, env, tokenizer, config)
   before = np.asarray(policy.table).copy()
   pg, _ = policy_factory.make_losses(config)
-  m = step.train_on_groups(policy, kept, pg, pad_id=tokenizer.pad_token_id, is_cap=2.0)
+  passes = []
+  real_logprobs = policy.logprobs
+  policy.logprobs = lambda b: (passes.append(b.batch_size), real_logprobs(b))[1]
+  m = step.train_on_groups(policy, kept, pg, pad_id=tokenizer.pad_token_id)
+  assert passes == []
+  # The twin takes the same step the old way: prev logprobs from a forward pass first.
+  batch = make_train_batch(kept, tokenizer.pad_token_id, step.PAD_MULTIPLE)
+  batch.extras["prev_logprobs"] = np.asarray(twin.logprobs(batch), np.float32) * batch.loss_mask
+  twin_m = twin.train_step(batch, pg)
+  np.testing.assert_allclose(np.asarray(policy.table), np.asarray(twin.table), atol=1e-6)
+  assert m["train/loss"] == pytest.approx(twin_m["loss"], abs=1e-6)
+  assert m["train/is_weight_mean"] == pytest.approx(twin_m["is_weight_mean"], abs=1e-6)
   # The generator sampled from the same weights in float64: ratio 1, IS weights ~1, nothing clipped.
   assert m["train/ratio_mean"] == pytest.approx(1.0, abs=1e-6)
-  assert m["is/ratio_max"] == pytest.approx(1.0, abs=1e-4)
-  assert m["is/truncated_fraction"] == 0.0
+  assert m["train/is_ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+  assert m["train/is_logprob_abs_diff_mean"] < 1e-4
+  assert m["train/is_truncated_fraction"] == 0.0
   assert m["train/clip_fraction"] == 0.0
   assert m["train/sequences"] == 16
   assert not np.allclose(before, np.asarray(policy.table))
+  # Two minibatches: the second is off-policy, so prev logprobs are taken once, up front.
+  step.train_on_groups(policy, kept, pg, pad_id=tokenizer.pad_token_id, num_minibatches=2)
+  assert passes == [16]
   with pytest.raises(ValueError, match="reference"):
     step.train_on_groups(policy, kept, pg, pad_id=0, kl_coef=0.1)
 
@@ -137,12 +155,12 @@ def test_the_loop_trains_at_the_sampling_temperature(tokenizer):
   raw_policy.table = policy.table
   m = step.update_policy(policy, kept, settings, reference)
   assert seen == [0.7, 0.7] and ref_seen == [0.7]   # both minibatches; the KL reference too
-  assert m["is/ratio_min"] == pytest.approx(1.0, abs=1e-4)
-  assert m["is/ratio_max"] == pytest.approx(1.0, abs=1e-4)
+  assert m["train/is_ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+  assert m["train/is_logprob_abs_diff_mean"] < 1e-4
   assert m["train/sequences"] == 16
-  raw = step.train_on_groups(raw_policy, kept, settings.update_loss, pad_id=0, is_cap=2.0,
+  raw = step.train_on_groups(raw_policy, kept, settings.update_loss, pad_id=0,
                              kl_coef=settings.kl_coef, reference=reference, temperature=1.0)
-  assert raw["is/logprob_abs_diff_mean"] > 0.1
+  assert raw["train/is_logprob_abs_diff_mean"] > 0.1
 
 
 def test_minibatches_take_one_step_each_against_the_batch_prev_logprobs(tokenizer):
@@ -157,7 +175,7 @@ def test_minibatches_take_one_step_each_against_the_batch_prev_logprobs(tokenize
   ratios = []
   real_step = policy.train_step
   policy.train_step = lambda b, fn: (ratios.append(b.batch_size), real_step(b, fn))[1]
-  m = step.train_on_groups(policy, kept, pg, pad_id=tokenizer.pad_token_id, is_cap=2.0,
+  m = step.train_on_groups(policy, kept, pg, pad_id=tokenizer.pad_token_id,
                            num_minibatches=4)
   assert policy.step == 4 and ratios == [4, 4, 4, 4] and m["train/minibatches"] == 4
   assert m["train/sequences"] == 16
@@ -215,7 +233,7 @@ def test_grpo_train_learns_logs_checkpoints_and_resumes(tokenizer, tmp_path):
   assert [r["step"] for r in steps] == list(range(1, 13))
   first, last = np.mean([r["reward/raw_mean"] for r in steps[:3]]), np.mean([r["reward/raw_mean"] for r in steps[-3:]])
   assert last > first + 0.3, (first, last)
-  for key in ("groups/zero_variance_fraction", "train/clip_fraction", "train/kl", "is/ratio_mean",
+  for key in ("groups/zero_variance_fraction", "train/clip_fraction", "train/kl", "train/is_ratio_mean",
               "refit/canary_max_abs_logprob_delta", "rollout/entropy_approx", "rollout/completion_len_mean",
               "perf/tokens_per_s", "time/generate", "time/score", "time/train", "time/refit", "weight_version"):
     assert key in steps[-1], key

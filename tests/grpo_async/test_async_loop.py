@@ -52,9 +52,9 @@ def test_async_training_learns_with_bounded_staleness(tokenizer, tmp_path):
   assert max(ages) == 1    # the collector ran ahead: some groups came from the previous weights
   stale = [r for r in steps if r["async/age_max"] >= 1]
   # groups from older weights: the trainer's prev logprobs differ from the sampler's
-  assert max(r["is/logprob_abs_diff_mean"] for r in stale) > 1e-4
+  assert max(r["train/is_logprob_abs_diff_mean"] for r in stale) > 1e-4
   for key in ("buffer/ready", "buffer/pending", "buffer/dropped/stale", "async/age_mean", "train/is_weight_mean",
-              "is/ratio_mean", "time/wait", "time/train", "time/refit", "perf/tokens_per_s", "weight_version"):
+              "train/is_ratio_mean", "time/wait", "time/train", "time/refit", "perf/tokens_per_s", "weight_version"):
     assert key in steps[-1], key
   # pending + ready never exceed the capacity (two steps of 4 prompts): the back-pressure
   assert max(r["buffer/ready"] + r["buffer/pending"] for r in steps) <= 8
@@ -79,10 +79,10 @@ def test_importance_weights_are_against_the_generating_policy(tokenizer):
     g.rewards = [Reward(float(i % 3 == 0)) for i in range(8)]
   step.assign_advantages(old + fresh, config)
   pg, _ = policy_factory.make_losses(config)
-  step.train_on_groups(policy, fresh, pg, pad_id=tokenizer.pad_token_id, is_cap=2.0)   # weights move on
+  step.train_on_groups(policy, fresh, pg, pad_id=tokenizer.pad_token_id)   # weights move on
   batch = make_train_batch(old, tokenizer.pad_token_id, step.PAD_MULTIPLE)
   prev = policy.logprobs(batch) * batch.loss_mask
-  m = step.train_on_groups(policy, old, pg, pad_id=tokenizer.pad_token_id, is_cap=2.0)
+  m = step.train_on_groups(policy, old, pg, pad_id=tokenizer.pad_token_id)
   # the sampler's logprobs of the old weights went into the batch; w = min(exp(prev - gen), cap)
   gen_lp = batch.extras["generation_logprobs"]
   np.testing.assert_allclose(gen_lp[batch.loss_mask > 0],

@@ -38,7 +38,7 @@ def test_async_grpo_on_jax_trainer_and_vllm(real_parts, tmp_path):
     assert r["refit/version"] == r["weight_version"]
     assert np.isfinite(r["train/is_weight_mean"]) and r["async/age_max"] <= c_age
     # vLLM fp32 vs the JAX trainer on fresh groups: the sampler's logprobs are the generating policy's
-    assert r["is/logprob_abs_diff_mean"] < (0.5 if r["async/age_max"] else 1e-2)
+    assert r["train/is_logprob_abs_diff_mean"] < (0.5 if r["async/age_max"] else 1e-2)
   log = [json.loads(line) for line in open(tmp_path / async_source.ASYNC_LOG)]
   trained = [s for row in log if "seqs" in row for s in row["seqs"]]
   assert len(trained) == len(set(trained)) == 6

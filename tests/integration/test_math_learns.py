@@ -93,7 +93,7 @@ def test_every_step_refits_through_the_canary(short_run):
   assert max(deltas) <= tol, f"canary delta {max(deltas)} above {tol}"
   # vLLM sampled with the weights the trainer held at the start of each step (sync loop: the
   # trainer's recomputed logprobs of those samples match the engine's).
-  assert max(r["is/logprob_abs_diff_mean"] for r in trained) < 1e-3
+  assert max(r["train/is_logprob_abs_diff_mean"] for r in trained) < 1e-3
 
 
 def test_run_records_the_curve(short_run):

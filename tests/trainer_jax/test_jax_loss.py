@@ -37,6 +37,10 @@ def test_hand_computed_token_case():
   assert metrics["clip_fraction"] == pytest.approx(0.5)
   assert metrics["is_weight_mean"] == pytest.approx(1.5)
   assert metrics["ratio_mean"] == pytest.approx((np.exp(0.5) + np.exp(-0.1)) / 2)
+  # trainer vs sampler before truncation: prev - gen = 0 and 1 on the two loss tokens
+  assert metrics["is_ratio_mean"] == pytest.approx((1.0 + np.e) / 2)
+  assert metrics["is_logprob_abs_diff_mean"] == pytest.approx(0.5)
+  assert metrics["is_truncated_fraction"] == pytest.approx(0.5)
 
 
 def test_hand_computed_dual_clip_and_kl():
@@ -169,6 +173,28 @@ def test_no_gradient_through_prev_generation_reference():
       return jax_loss.clipped_pg_loss(jnp.asarray(lp), mask, {**extras, key: x}, cfg)[0]
     g = jax.grad(f)(jnp.asarray(extras[key]))
     assert float(jnp.abs(g).max()) == 0.0, key
+
+
+@pytest.mark.parametrize("cfg", [GRID[-1], LossConfig(ratio_level="sequence", normalization="sequence")],
+                         ids=("token", "sequence"))
+def test_absent_prev_logprobs_are_the_logprobs_detached(cfg):
+  """The batch's one optimizer step: prev left out = prev equal to the logprobs, in value,
+  metrics and gradient (the ratio's gradient is the policy gradient's)."""
+  lp, mask, extras = random_batch(np.random.default_rng(5), per_token_adv=cfg.ratio_level == "token")
+  without = {k: v for k, v in extras.items() if k != "prev_logprobs"}
+  want, want_m = loss_spec.clipped_pg_loss(lp, mask, {**without, "prev_logprobs": lp}, cfg)
+  assert loss_spec.clipped_pg_loss(lp, mask, without, cfg) == (want, want_m)
+
+  def jax_fn(ex):
+    return jax.value_and_grad(lambda x: jax_loss.clipped_pg_loss(x, mask, ex, cfg), has_aux=True)(jnp.asarray(lp))
+  (got, got_m), grad = jax_fn(without)
+  _, grad_given = jax_fn({**without, "prev_logprobs": lp})
+  assert float(got) == pytest.approx(want, rel=1e-5, abs=1e-6)
+  for k, v in want_m.items():
+    assert float(got_m[k]) == pytest.approx(v, rel=1e-5, abs=1e-6), k
+  assert want_m["ratio_mean"] == pytest.approx(1.0)
+  np.testing.assert_allclose(np.asarray(grad), np.asarray(grad_given), rtol=1e-6, atol=1e-8)
+  assert np.abs(np.asarray(grad)).max() > 0
 
 
 def test_missing_extras_are_named():

@@ -78,6 +78,16 @@ def test_micro_batches_sum_to_the_full_batch(cfg):
     assert metrics[k] == pytest.approx(full_metrics[k], rel=1e-5, abs=1e-7), k
 
 
+def test_absent_prev_logprobs_are_the_logprobs_detached():
+  cfg = MICRO[0]
+  lp, mask, extras = random_batch(np.random.default_rng(3))
+  without = {k: v for k, v in extras.items() if k != "prev_logprobs"}
+  got, got_m, grad = torch_loss(lp, mask, without, cfg)
+  want, want_m, grad_given = torch_loss(lp, mask, {**without, "prev_logprobs": lp}, cfg)
+  assert got == pytest.approx(want, rel=1e-6) and got_m == pytest.approx(want_m, rel=1e-6)
+  np.testing.assert_allclose(grad, grad_given, rtol=1e-6, atol=1e-9)
+
+
 def test_nll_matches_spec_and_missing_extras_are_named():
   rng = np.random.default_rng(2)
   lp, mask, extras = random_batch(rng)
