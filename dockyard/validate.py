@@ -376,7 +376,8 @@ def _model_family(config) -> tuple[str, int] | None:
 
 def _validate_family(config) -> None:
   """What a model family can use: an expert mesh axis and router options need experts (and must
-  split them evenly); the torch trainer does not train MoE models yet."""
+  split them evenly); the torch trainer trains MoE models without expert parallelism or the
+  balancing bias."""
   found = _model_family(config)
   shape = resolve_mesh_shape(config.mesh.shape, _mesh_devices(config))
   expert_axis = dict(zip(config.mesh.axes, shape)).get("expert", 1)
@@ -395,9 +396,17 @@ def _validate_family(config) -> None:
       if float(moe.get(key, 0.0)):
         raise ConfigError(f"policy.moe.{key}", f"{moe[key]} on {family!r}, a dense model (no router)")
     return
-  if config.policy.backend != "jax":
-    raise ConfigError("policy.backend", f"{family!r} (Mixture-of-Experts) trains on the jax backend only: "
-                      f"the torch trainer has no MoE support (router losses, expert names) yet")
+  if config.policy.backend == "torch":
+    # transformers' router (what the torch trainer runs) picks experts from its probabilities alone.
+    if float(moe.get("bias_update_rate", 0.0)):
+      raise ConfigError("policy.moe.bias_update_rate", f"{moe['bias_update_rate']}: aux-loss-free balancing "
+                        f"(a per-expert routing bias) is JAX-only: transformers' {family!r} router has no "
+                        f"bias; set it to 0 on policy.backend='torch'")
+    if expert_axis > 1:
+      raise ConfigError("mesh.shape", f"an 'expert' mesh axis of size {expert_axis}: the torch trainer has "
+                        f"no expert parallelism (FSDP2 shards every parameter, experts included, over all "
+                        f"ranks); set that axis to 1")
+    return
   if expert_axis > 1:
     if experts % expert_axis:
       raise ConfigError("mesh.shape", f"an 'expert' mesh axis of size {expert_axis} does not divide the "

@@ -14,7 +14,10 @@ Gemma's pre/post-feedforward norms). Each
 An entry with `expert >= 0` is one slice of a stacked NNX expert kernel [experts, in, out]: HF
 checkpoints (and vLLM) name each expert's Linear apart (`mlp.experts.{j}.gate_proj.weight`, the
 layout transformers 5 also writes with `save_pretrained`), so expert j's HF tensor is the
-`transpose` of NNX slice [j]; `from_hf` stacks the slices back.
+`transpose` of NNX slice [j]; `from_hf` stacks the slices back. In memory, transformers 5 fuses
+each sparse layer's experts into two 3-D parameters (`mlp.experts.gate_up_proj` [E, 2F, D], gate rows
+first, and `mlp.experts.down_proj` [E, D, F]); `module_param` says where a checkpoint name lives in
+them (the torch trainer's view of the same table).
 
 `to_hf(named_nnx_arrays, config)` streams `(hf_name, np.ndarray)` in exactly the layout vLLM and
 transformers load (the rollout side feeds it to vLLM's `reload_weights`); `from_hf` is the
@@ -93,6 +96,32 @@ def table(config: ModelConfig) -> list[Entry]:
   if not config.tie_word_embeddings:
     entries.append(Entry("lm_head.kernel", "lm_head.weight", "transpose"))
   return entries
+
+
+@dataclasses.dataclass(frozen=True)
+class ModuleParam:
+  """Where a table entry's HF checkpoint tensor lives in transformers' in-memory model: parameter
+  `name`, and for a fused expert tensor its slice `[expert, rows[0]:rows[1]]` (rows None: all)."""
+  name: str
+  expert: int = -1
+  rows: tuple[int, int] | None = None
+
+
+def module_param(entry: Entry, config: ModelConfig) -> ModuleParam:
+  """The transformers (5.x) parameter holding `entry.hf`: itself, except a Qwen3-MoE expert's
+  Linear weights, which `Qwen3MoeExperts` keeps fused per layer (the conversion transformers
+  applies on load: gate and up stacked over experts and concatenated on dim 1, down stacked)."""
+  if entry.expert < 0:
+    return ModuleParam(entry.hf)
+  stem, proj = entry.hf.rsplit(f".experts.{entry.expert}.", 1)
+  f = config.moe_intermediate_size
+  if proj == "gate_proj.weight":
+    return ModuleParam(f"{stem}.experts.gate_up_proj", entry.expert, (0, f))
+  if proj == "up_proj.weight":
+    return ModuleParam(f"{stem}.experts.gate_up_proj", entry.expert, (f, 2 * f))
+  if proj == "down_proj.weight":
+    return ModuleParam(f"{stem}.experts.down_proj", entry.expert)
+  raise ValueError(f"no transformers parameter known for expert tensor {entry.hf!r}")
 
 
 def hf_to_nnx_array(entry: Entry, x: np.ndarray) -> np.ndarray:

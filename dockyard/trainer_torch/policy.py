@@ -15,6 +15,11 @@ eager attention; the logprobs are gathered back to each sequence before the unch
 With `optim.micro_batch_tokens` > 0 (unpacked) whole sequences are grouped, longest first, into
 micro-batches of at most that many padded tokens. Either way micro-batch j of the global plan runs
 on rank j % world.
+
+A Mixture-of-Experts model (Qwen3-MoE) also returns its router logits in training forward passes,
+and each micro-batch adds the router losses of `config.policy.moe` (`dockyard.trainer_torch.moe`:
+the same terms and weights as the JAX trainer's). transformers keeps a sparse layer's experts fused
+in memory; the name-map's `module_param` says which slice of them each checkpoint tensor is.
 """
 from __future__ import annotations
 
@@ -33,7 +38,7 @@ from dockyard.policy import LossFn, Policy, TrainBatch, check_layout
 from dockyard.models import name_map
 from dockyard.models.model_config import ModelConfig  # pure Python: the name-map's config
 from dockyard.models.lora import LoRAConfig, check_matches as check_lora_matches, write_peft_adapter
-from dockyard.trainer_torch import checkpoint, dist, lora, optim
+from dockyard.trainer_torch import checkpoint, dist, lora, moe, optim
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -81,6 +86,8 @@ class TorchPolicy(Policy):
     self.config = config
     self.model_path = model_path
     self.model_config = ModelConfig.from_pretrained(model_path)  # refuses what the name-map lacks
+    # None for a dense model; refuses what transformers' router cannot do (the balancing bias).
+    self.router_loss = moe.RouterLoss.from_config(self.model_config, config.policy.get("moe"))
     self._optim = dict(config.optim)
     self._total_steps = int(config.optim.decay_steps) or config_lib.train_steps(config)
     self._max_seq_len = int(config.policy.max_seq_len)
@@ -181,23 +188,54 @@ class TorchPolicy(Policy):
     lo = dist.rank() * rows
     # Padding rows: one real (pad-id) token so attention has a key, no loss tokens.
     am = dist.pad_rows(np.asarray(batch.attention_mask), total, 0)
+    real = am.copy()   # the router statistics count real tokens only: not the padding rows' one
     am[batch.batch_size:, 0] = 1
     out = dict(
         input_ids=dist.pad_rows(np.asarray(batch.input_ids), total, 0)[lo:lo + rows],
         attention_mask=am[lo:lo + rows],
+        token_mask=real[lo:lo + rows],
         loss_mask=dist.pad_rows(np.asarray(batch.loss_mask), total, 0)[lo:lo + rows],
         extras={k: (dist.pad_rows(np.asarray(v), total, 0)[lo:lo + rows] if np.ndim(v) >= 1 else v)
                 for k, v in batch.extras.items()})
     return out, n_micro
 
-  def _logprobs(self, input_ids: np.ndarray, attention_mask: np.ndarray,
-                temperature: float = 1.0) -> torch.Tensor:
+  def _forward(self, input_ids: np.ndarray, attention_mask: np.ndarray | None = None,
+               position_ids: np.ndarray | None = None, temperature: float = 1.0):
+    """(token logprobs [B, T], router logits): the latter, one [B*T, E] tensor per sparse layer,
+    only when training a Mixture-of-Experts model (else None)."""
     ids = torch.as_tensor(input_ids, dtype=torch.long, device=self.device)
-    am = torch.as_tensor(attention_mask, dtype=torch.long, device=self.device)
-    logits = self.model(input_ids=ids, attention_mask=am, use_cache=False).logits
+    kw = {}
+    if attention_mask is not None:
+      kw["attention_mask"] = torch.as_tensor(attention_mask, dtype=torch.long, device=self.device)
+    if position_ids is not None:   # packed rows: no mask, the segments come from the positions
+      kw["position_ids"] = torch.as_tensor(position_ids, dtype=torch.long, device=self.device)
+    routed = self.router_loss is not None and self.model.training
+    if routed:
+      kw["output_router_logits"] = True
+    out = self.model(input_ids=ids, use_cache=False, **kw)
+    logits = out.logits
     if temperature != 1.0:   # in fp32 (token_logprobs casts anyway); T=1 skips the extra [B,T,V] copy
       logits = logits.to(torch.float32) / float(temperature)
-    return token_logprobs(logits, ids)
+    return token_logprobs(logits, ids), (out.router_logits if routed else None)
+
+  def _logprobs(self, input_ids: np.ndarray, attention_mask: np.ndarray,
+                temperature: float = 1.0) -> torch.Tensor:
+    return self._forward(input_ids, attention_mask, temperature=temperature)[0]
+
+  def _micro_loss(self, lp: torch.Tensor, loss_mask, extras, loss_fn: LossFn, router,
+                  token_mask: np.ndarray, num_micro: int, sums: dict):
+    """One micro-batch's loss (plus, for a MoE model, its router losses / num_micro, as the JAX
+    trainer's step), its backward, and its metrics added to `sums` (`moe_load` [L, E] too)."""
+    loss, metrics = loss_fn(lp, loss_mask, extras)
+    metrics = dict(metrics)
+    if router is not None:
+      terms = self.router_loss.terms(router, token_mask)
+      loss = loss + self.router_loss.loss(terms) / num_micro
+      metrics.update(moe_aux_loss=terms.aux / num_micro, moe_z_loss=terms.z / num_micro)
+      sums["moe_load"] = sums.get("moe_load", 0.0) + terms.load
+    loss.backward()  # FSDP reduce-scatters (sums) into the sharded .grad, accumulating
+    for k, v in {**metrics, "loss": loss}.items():
+      sums[k] = sums.get(k, 0.0) + torch.as_tensor(v).detach().to(torch.float64)
 
   # ---- packed / token-budget micro-batches (dockyard.packing) -------------------------------------
 
@@ -205,10 +243,11 @@ class TorchPolicy(Policy):
   def _planned(self) -> bool:
     return bool(self._packing_row_tokens or self._micro_tokens)
 
-  def _plan(self, batch: TrainBatch) -> list:
+  def _plan(self, batch: TrainBatch) -> tuple[list, int]:
     """This rank's micro-batches of the global plan: `packing.PackedMicro`s, or arrays of sequence
     indices (token budget); None is an empty one, so that every rank runs the same number of
-    forward/backward rounds (each is a round of FSDP collectives)."""
+    forward/backward rounds (each is a round of FSDP collectives). And the plan's count of real
+    micro-batches (over all ranks)."""
     check_batch(batch, self.model_config.vocab_size, self._max_seq_len)
     if self._packing_row_tokens:
       micros = packing.pack_micro_batches(batch, self._packing_row_tokens, self._micro, trim=True)
@@ -216,38 +255,38 @@ class TorchPolicy(Policy):
       groups = packing.token_budget_groups(packing.seq_lengths(batch), self._micro_tokens)
       micros = [np.asarray(g, np.int64) for g in groups]
     world = dist.world_size()
+    real = len(micros)
     micros += [None] * (-len(micros) % world)
-    return micros[dist.rank()::world]
+    return micros[dist.rank()::world], real
 
-  def _micro_logprobs(self, batch: TrainBatch, micro) -> tuple[np.ndarray, torch.Tensor]:
-    """(sequence indices, their logprobs [S, T]) of one planned micro-batch; an empty one runs a
-    two-token dummy row (no sequences) so the collectives still happen."""
+  def _micro_logprobs(self, batch: TrainBatch, micro):
+    """(sequence indices, their logprobs [S, T], router logits or None, the real-token mask of the
+    rows the model ran) of one planned micro-batch; an empty one runs a two-token dummy row (no
+    sequences, no real tokens) so the collectives still happen."""
     t = batch.input_ids.shape[1]
     if micro is None:
-      lp = self._logprobs(np.zeros((1, 2), np.int64), np.ones((1, 2), np.int64), batch.temperature)
-      return np.zeros((0,), np.int64), F.pad(lp, (0, t - 2)) if t >= 2 else lp[:, :t]
+      lp, router = self._forward(np.zeros((1, 2), np.int64), np.ones((1, 2), np.int64),
+                                 temperature=batch.temperature)
+      lp = F.pad(lp, (0, t - 2)) if t >= 2 else lp[:, :t]
+      return np.zeros((0,), np.int64), lp, router, np.zeros((1, 2), np.float32)
     if isinstance(micro, packing.PackedMicro):
-      ids = torch.as_tensor(micro.input_ids, dtype=torch.long, device=self.device)
-      pos = torch.as_tensor(micro.positions, dtype=torch.long, device=self.device)
       # No attention mask: transformers derives the segments from the restarting position_ids.
-      logits = self.model(input_ids=ids, position_ids=pos, use_cache=False).logits
-      if batch.temperature != 1.0:
-        logits = logits.to(torch.float32) / float(batch.temperature)
-      rows = token_logprobs(logits, ids).reshape(-1)
+      rows, router = self._forward(micro.input_ids, position_ids=micro.positions,
+                                   temperature=batch.temperature)
       gather = torch.as_tensor(micro.gather, dtype=torch.long, device=self.device)
       valid = torch.as_tensor(micro.valid, device=self.device)
-      return micro.seqs, rows[gather] * valid
+      return micro.seqs, rows.reshape(-1)[gather] * valid, router, micro.segment_ids > 0
     n = int(packing.seq_lengths(batch)[micro].max())
-    lp = self._logprobs(np.asarray(batch.input_ids)[micro, :n], np.asarray(batch.attention_mask)[micro, :n],
-                        batch.temperature)
-    return micro, F.pad(lp, (0, t - n))
+    am = np.asarray(batch.attention_mask)[micro, :n]
+    lp, router = self._forward(np.asarray(batch.input_ids)[micro, :n], am, temperature=batch.temperature)
+    return micro, F.pad(lp, (0, t - n)), router, am
 
   def _planned_logprobs(self, batch: TrainBatch) -> np.ndarray:
     full = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=self.device)
     self.model.eval()
     with torch.no_grad():
-      for micro in self._plan(batch):
-        seqs, lp = self._micro_logprobs(batch, micro)
+      for micro in self._plan(batch)[0]:
+        seqs, lp, _, _ = self._micro_logprobs(batch, micro)
         full[torch.as_tensor(seqs, device=self.device)] = lp.to(torch.float32)
     # Every sequence was scored on exactly one rank: a sum over ranks assembles the batch.
     full = dist.all_reduce_tensor(full).cpu().numpy()
@@ -256,18 +295,18 @@ class TorchPolicy(Policy):
   def _planned_losses(self, batch: TrainBatch, loss_fn: LossFn, totals) -> dict[str, torch.Tensor]:
     sums: dict[str, torch.Tensor] = {}
     loss_mask = np.asarray(batch.loss_mask, np.float32)
-    for micro in self._plan(batch):
-      seqs, lp = self._micro_logprobs(batch, micro)
+    micros, num_micro = self._plan(batch)
+    for micro in micros:
+      seqs, lp, router, token_mask = self._micro_logprobs(batch, micro)
       if micro is None:   # the dummy row: no loss tokens, zero extras of the right shapes
         rows = lambda v: np.zeros((1,) + np.shape(v)[1:], np.asarray(v).dtype)
       else:
         rows = lambda v: np.asarray(v)[seqs]
       extras = {k: torch.as_tensor(rows(v)) if np.ndim(v) >= 1 else torch.as_tensor(v)
                 for k, v in batch.extras.items()}
-      loss, metrics = loss_fn(lp, torch.as_tensor(rows(loss_mask)), {**extras, **totals})
-      loss.backward()   # gradients accumulate over micro-batches (FSDP sums them over ranks)
-      for k, v in {**metrics, "loss": loss}.items():
-        sums[k] = sums.get(k, 0.0) + torch.as_tensor(v).detach().to(torch.float64)
+      # Gradients accumulate over micro-batches (FSDP sums them over ranks).
+      self._micro_loss(lp, torch.as_tensor(rows(loss_mask)), {**extras, **totals}, loss_fn, router,
+                       token_mask, num_micro, sums)
     return sums
 
   def logprobs(self, batch: TrainBatch) -> np.ndarray:
@@ -288,16 +327,20 @@ class TorchPolicy(Policy):
   def _fixed_losses(self, batch: TrainBatch, loss_fn: LossFn, totals) -> dict[str, torch.Tensor]:
     """Forward/backward of this rank's rows, `micro_batch_size` rows at a time; summed metrics."""
     part, n_micro = self._rank_slice(batch)
+    # The global plan's micro-batches that hold any batch row (the router losses' 1/num_micro):
+    # rank r's i-th starts at global row r * rows + i * micro_batch_size.
+    rows = n_micro * self._micro
+    num_micro = sum(r * rows + i * self._micro < batch.batch_size
+                    for r in range(dist.world_size()) for i in range(n_micro))
     sums: dict[str, torch.Tensor] = {}
     for i in range(n_micro):
       s = slice(i * self._micro, (i + 1) * self._micro)
-      lp = self._logprobs(part["input_ids"][s], part["attention_mask"][s], batch.temperature)
+      lp, router = self._forward(part["input_ids"][s], part["attention_mask"][s],
+                                 temperature=batch.temperature)
       extras = {k: (torch.as_tensor(v[s]) if np.ndim(v) >= 1 else torch.as_tensor(v))
                 for k, v in part["extras"].items()}
-      loss, metrics = loss_fn(lp, torch.as_tensor(part["loss_mask"][s]), {**extras, **totals})
-      loss.backward()  # FSDP reduce-scatters (sums) into the sharded .grad, accumulating
-      for k, v in {**metrics, "loss": loss}.items():
-        sums[k] = sums.get(k, 0.0) + torch.as_tensor(v).detach().to(torch.float64)
+      self._micro_loss(lp, torch.as_tensor(part["loss_mask"][s]), {**extras, **totals}, loss_fn, router,
+                       part["token_mask"][s], num_micro, sums)
     return sums
 
   def train_step(self, batch: TrainBatch, loss_fn: LossFn) -> dict[str, float]:
@@ -306,7 +349,10 @@ class TorchPolicy(Policy):
                   total_sequences=torch.tensor(float((lm.sum(-1) > 0).sum())))
     self.model.train()
     sums = (self._planned_losses if self._planned else self._fixed_losses)(batch, loss_fn, totals)
+    load = sums.pop("moe_load", None)   # [L, E] expert assignments of this rank's micro-batches
     out = dist.all_reduce_sum(sums)
+    if self.router_loss is not None:
+      out.update(moe.load_metrics(dist.all_reduce_tensor(load).cpu()))
 
     params = [p for p in self.model.parameters() if p.grad is not None]
     grads = [p.grad for p in params]
@@ -325,10 +371,9 @@ class TorchPolicy(Policy):
   # ---- refit ------------------------------------------------------------------------------------
 
   def _check_names(self) -> None:
-    """HF module names are already HF names (peft's `base_layer` aside); the refit name-map must
-    agree on the set."""
-    table = name_map.table(self.model_config)
-    expected = {e.hf for e in table}
+    """HF module names are the name-map's HF names (peft's `base_layer` aside, and a sparse layer's
+    experts, which transformers fuses: `name_map.module_param`); the two must agree on the set."""
+    expected = {name_map.module_param(e, self.model_config).name for e in name_map.table(self.model_config)}
     have = {lora.base_name(n) for n, _ in self.model.named_parameters() if not lora.is_adapter(n)}
     if have != expected:
       raise KeyError(f"HF parameters and the {self.model_config.family} name-map disagree: "
@@ -338,22 +383,31 @@ class TorchPolicy(Policy):
   def named_weights(self, touched_only: bool = False) -> Iterator[tuple[str, np.ndarray]]:
     """Streams (hf_name, array) in the name-map's order, one parameter gathered at a time; LoRA
     adapters merged (`W + scale * B A`). `touched_only`: under LoRA, only the adapted
-    projections (what a step can change); without LoRA, everything.
+    projections (what a step can change); without LoRA, everything. A sparse layer's fused expert
+    tensors are gathered once for the layer and sent one expert slice at a time, under the
+    checkpoint's per-expert names.
 
     A gather (`full_tensor`) is a collective: under torchrun every rank must iterate this."""
     params = {lora.base_name(n): p for n, p in self.model.named_parameters() if not lora.is_adapter(n)}
     adapted = lora.lora_modules(self.model)
+    fused: dict[str, torch.Tensor] = {}   # the current sparse layer's gathered expert tensors
     for entry in name_map.table(self.model_config):
       if entry.hf in adapted:
         yield entry.hf, _to_numpy(lora.merged(adapted[entry.hf]))
         continue
       if touched_only and self.lora_config is not None:
         continue
-      p = params[entry.hf].detach()
-      local = p.to_local() if hasattr(p, "to_local") else p
-      full = p.full_tensor() if hasattr(p, "full_tensor") else p
-      if full.data_ptr() == local.data_ptr():  # one rank: the "gather" aliases the live weight
-        full = full.clone()
+      where = name_map.module_param(entry, self.model_config)
+      if where.expert >= 0:
+        if where.name not in fused:   # a layer's expert entries are contiguous in the table
+          fused[where.name] = _gather(params[where.name])
+        x = fused[where.name][where.expert]
+        if where.rows is not None:
+          x = x[where.rows[0]:where.rows[1]]
+        yield entry.hf, _to_numpy(x.clone())   # its own copy, not a view into the layer's tensor
+        continue
+      fused.clear()   # past that layer's experts
+      full = _gather(params[where.name])
       yield entry.hf, _to_numpy(full)
 
   def save_hf(self, path: str) -> None:
@@ -426,6 +480,16 @@ def _broadcast_from_rank0(model: torch.nn.Module, full_state: dict, device: torc
       full_state_dict=True, broadcast_from_rank0=True))
   for _, buf in model.named_buffers():  # non-persistent buffers are not in any state dict
     tdist.broadcast(buf, src=0)
+
+
+def _gather(p: torch.Tensor) -> torch.Tensor:
+  """The full value of a (possibly sharded) parameter, never aliasing the live weight."""
+  p = p.detach()
+  local = p.to_local() if hasattr(p, "to_local") else p
+  full = p.full_tensor() if hasattr(p, "full_tensor") else p
+  if full.data_ptr() == local.data_ptr():  # one rank: the "gather" aliases the live weight
+    full = full.clone()
+  return full
 
 
 def _to_numpy(t: torch.Tensor) -> np.ndarray:

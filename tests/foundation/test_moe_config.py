@@ -37,7 +37,13 @@ def test_family_mismatches_name_their_key(tmp_path):
   dense.policy.moe = dict(aux_loss_coef=0.1)
   _rejects(dense, "policy.moe.aux_loss_coef", "dense model")
   _rejects(_moe(6, (1, 2, 3, 1)), "mesh.shape", "does not divide the model's 8 experts")
-  _rejects(_moe(arg="moe,torch"), "policy.backend", "jax backend only")
+  # The torch trainer trains Qwen3-MoE, but without expert parallelism or the balancing bias.
+  _rejects(_moe(arg="moe,torch"), "mesh.shape", "no expert parallelism")
+  torch_moe = _moe(shape=(1, 8, 1, 1), arg="moe,torch")
+  torch_moe.policy.moe.update(aux_loss_coef=0.01, z_loss_coef=0.001)
+  validate(torch_moe)
+  torch_moe.policy.moe.bias_update_rate = 1e-3
+  _rejects(torch_moe, "policy.moe.bias_update_rate", "JAX-only")
   unrouted = _moe(2, (1, 1, 2, 1))
   unrouted.mesh.rules = tuple(r for r in unrouted.mesh.rules if r[0] != "expert")
   _rejects(unrouted, "mesh.rules", "would not be split")
