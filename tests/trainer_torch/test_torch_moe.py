@@ -75,6 +75,29 @@ def test_qwen3_moe_torch_matches_jax(moe_path):
   assert worst <= 5e-5
 
 
+def test_qwen3_moe_packed_step_matches_jax(moe_path):
+  """Packed rows (2 rows of <= 64 tokens a micro-batch, the same first-fit packing on both sides):
+  the router statistics count each row's segments and never its padding tail."""
+  import jax
+
+  from dockyard.trainer_jax import loss as jax_loss
+  from dockyard.trainer_jax.policy import JaxPolicy
+  from dockyard.trainer_torch import loss as torch_loss
+  from dockyard.trainer_torch.policy import TorchPolicy
+  cfg = _config()
+  cfg.optim.micro_batch_size = 2
+  cfg.policy.packing_row_tokens = 64
+  torch_policy = TorchPolicy.from_hf(moe_path, cfg)
+  jax_policy = JaxPolicy.from_hf(moe_path, cfg, devices=jax.devices()[:1])
+  batch = torch_common.make_batch(seed=5, t=40, vocab=1024)
+  batch = torch_common.with_prev(batch, torch_policy.logprobs(batch))
+  lc = torch_common.loss_config(cfg)
+  m_t = torch_policy.train_step(batch, torch_loss.make_pg_loss(lc))
+  m_j = jax_policy.train_step(batch, jax_loss.make_pg_loss(lc))
+  for k in ("loss", "grad_norm", "moe_aux_loss", "moe_z_loss", "moe_load_max", "moe_load_min"):
+    assert m_t[k] == pytest.approx(m_j[k], rel=1e-4, abs=1e-6), k
+
+
 def test_router_losses_alone_move_what_feeds_a_router(moe_path):
   """A task loss of zero: the step's loss is the router terms, and only the routers and what
   feeds them (layer 0's experts feed layer 1's router) move; layer 1's experts (no router reads
