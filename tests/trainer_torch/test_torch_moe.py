@@ -1,7 +1,7 @@
 """Qwen3-MoE through the torch trainer (transformers' Qwen3MoeForCausalLM under FSDP2): the same
 logprobs as the JAX trainer on right-padded rows, and after one GRPO step with both router losses
 on, the same loss, router metrics and weights (HF layout, every expert, through each side's
-name-map path); the router losses alone move what feeds a router and nothing else; the balancing
+name-map path), also on packed rows; the router losses alone move what feeds a router and nothing else; the balancing
 bias is refused."""
 import numpy as np
 import pytest
