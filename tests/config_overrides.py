@@ -1,5 +1,8 @@
-"""A shipped config with dotted-key overrides, as tests set them (`{"grpo.preference.mode": "ipo"}`)."""
+"""A shipped config with dotted-key overrides, as tests set them (`{"grpo.preference.mode": "ipo"}`),
+and the check that validation refuses a config naming the key."""
 import os
+
+import pytest
 
 from dockyard import validate
 
@@ -21,3 +24,10 @@ def with_overrides(spec: str, overrides: dict):
   config = validate.load_config_file(os.path.join(ROOT, spec))
   set_dotted(config, overrides)
   return config
+
+
+def rejects(config, key: str, match: str) -> None:
+  """`validate.validate(config)` raises a ConfigError whose message matches `match`, naming `key`."""
+  with pytest.raises(validate.ConfigError, match=match) as err:
+    validate.validate(config)
+  assert err.value.key == key

@@ -2,10 +2,9 @@
 (no model loads: the family comes from `policy.tiny` or a local config.json)."""
 import json
 
-import pytest
-
 from configs import swe
-from dockyard.validate import ConfigError, validate
+from dockyard.validate import validate
+from tests.config_overrides import rejects
 
 
 def _moe(devices=8, shape=(1, 2, 4, 1), arg="moe"):
@@ -13,12 +12,6 @@ def _moe(devices=8, shape=(1, 2, 4, 1), arg="moe"):
   config.cluster.cpu_devices = devices
   config.mesh.shape = shape
   return config
-
-
-def _rejects(config, key, match):
-  with pytest.raises(ConfigError, match=match) as err:
-    validate(config)
-  assert err.value.key == key
 
 
 def test_the_moe_variant_validates_with_expert_parallelism():
@@ -32,34 +25,34 @@ def test_family_mismatches_name_their_key(tmp_path):
   dense = swe.get_config("tiny")
   dense.cluster.cpu_devices = 8
   dense.mesh.axes, dense.mesh.shape = ("data", "fsdp", "expert", "tensor"), (1, 4, 2, 1)
-  _rejects(dense, "mesh.shape", "dense model")
+  rejects(dense, "mesh.shape", "dense model")
   dense = swe.get_config("tiny")
   dense.policy.moe = dict(aux_loss_coef=0.1)
-  _rejects(dense, "policy.moe.aux_loss_coef", "dense model")
-  _rejects(_moe(6, (1, 2, 3, 1)), "mesh.shape", "does not divide the model's 8 experts")
+  rejects(dense, "policy.moe.aux_loss_coef", "dense model")
+  rejects(_moe(6, (1, 2, 3, 1)), "mesh.shape", "does not divide the model's 8 experts")
   # The torch trainer trains Qwen3-MoE, but without expert parallelism or the balancing bias.
-  _rejects(_moe(arg="moe,torch"), "mesh.shape", "no expert parallelism")
+  rejects(_moe(arg="moe,torch"), "mesh.shape", "no expert parallelism")
   torch_moe = _moe(shape=(1, 8, 1, 1), arg="moe,torch")
   torch_moe.policy.moe.update(aux_loss_coef=0.01, z_loss_coef=0.001)
   validate(torch_moe)
   torch_moe.policy.moe.bias_update_rate = 1e-3
-  _rejects(torch_moe, "policy.moe.bias_update_rate", "JAX-only")
+  rejects(torch_moe, "policy.moe.bias_update_rate", "JAX-only")
   unrouted = _moe(2, (1, 1, 2, 1))
   unrouted.mesh.rules = tuple(r for r in unrouted.mesh.rules if r[0] != "expert")
-  _rejects(unrouted, "mesh.rules", "would not be split")
+  rejects(unrouted, "mesh.rules", "would not be split")
   negative = _moe()
   negative.policy.moe.z_loss_coef = -1.0
-  _rejects(negative, "policy.moe.z_loss_coef", ">= 0")
+  rejects(negative, "policy.moe.z_loss_coef", ">= 0")
   unknown = swe.get_config("tiny")
   unknown.policy.tiny.family = "qwen9"
-  _rejects(unknown, "policy.tiny.family", "unknown family")
+  rejects(unknown, "policy.tiny.family", "unknown family")
   # A local checkpoint's config.json decides the family (a dense Qwen3 here) ...
   hf = dict(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
             num_attention_heads=2, num_key_value_heads=1)
   (tmp_path / "config.json").write_text(json.dumps(hf))
   local = _moe()
   local.policy.model_name_or_path = str(tmp_path)
-  _rejects(local, "mesh.shape", "'qwen3' is a dense model")
+  rejects(local, "mesh.shape", "'qwen3' is a dense model")
   # ... and one the decoder cannot build is refused before anything loads.
   (tmp_path / "config.json").write_text(json.dumps({**hf, "model_type": "qwen3_moe", "num_experts": 0}))
-  _rejects(local, "policy.model_name_or_path", "num_experts")
+  rejects(local, "policy.model_name_or_path", "num_experts")
