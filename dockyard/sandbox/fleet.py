@@ -27,13 +27,14 @@ class _ExecutorServer:
     import uvicorn
 
     from dockyard.sandbox.executor import Executor, Limits
-    from dockyard.sandbox.local import free_port
     from dockyard.sandbox.server import make_app
     if host is None:   # this actor's node, not the driver's
       import ray
       host = ray.util.get_node_ip_address()
-    port = port if port and _port_free(host, port) else free_port(host)
-    self._url = f"http://{host}:{port}"
+    # Bound here and handed to uvicorn: two executors on one host (a simulated cluster, or a
+    # taken configured port) cannot both pick a port between a free-check and uvicorn's bind.
+    sock = _bind(host, port)
+    self._url = f"http://{host}:{sock.getsockname()[1]}"
     self._error = None
     ready = threading.Event()
 
@@ -46,7 +47,7 @@ class _ExecutorServer:
         self._server = uvicorn.Server(uvicorn.Config(app, host=host, port=port,
                                                      log_level="warning"))
         ready.set()
-        self._server.run()
+        self._server.run(sockets=[sock])
       except BaseException as e:  # surfaced by url()
         self._error = e
         ready.set()
@@ -73,14 +74,21 @@ class _ExecutorServer:
       self._thread.join(10)
 
 
-def _port_free(host: str, port: int) -> bool:
+def _bind(host: str, port: int):
+  """A listening socket on `host`: `port` when it is free, else a port the OS picks."""
   import socket
-  with socket.socket() as s:
+  for candidate in ((port, 0) if port else (0,)):
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-      s.bind((host, port))
-      return True
+      sock.bind((host, candidate))
     except OSError:
-      return False
+      sock.close()
+      if candidate == 0:
+        raise
+      continue
+    sock.listen(2048)
+    return sock
 
 
 @dataclasses.dataclass

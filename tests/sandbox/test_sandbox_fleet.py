@@ -6,7 +6,7 @@ from configs import swe
 from dockyard.sandbox.client import SandboxClient
 from dockyard.sandbox.fleet import start_local_fleet
 
-pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -22,6 +22,7 @@ def fleet(workspace):
   handle.shutdown()   # Ray itself stays up: other rooms' session fixtures may still use it
 
 
+@pytest.mark.asyncio(loop_scope="session")
 async def test_local_fleet_grades_tasks(fleet, workspace):
   import ray
   from ray.util.placement_group import placement_group_table
@@ -34,3 +35,22 @@ async def test_local_fleet_grades_tasks(fleet, workspace):
     verdicts = await client.run_many(tasks)
   assert all(v["resolved"] for v in verdicts), [v["reason"] for v in verdicts]
   assert ray.is_initialized()
+
+
+def test_two_executors_asked_for_one_port_on_one_host_both_serve(tmp_path):
+  """The simulated-cluster case: both nodes share an IP and the configured port. The port is
+  bound before uvicorn starts, so the second executor takes another port instead of failing."""
+  import json
+  import urllib.request
+
+  from dockyard.sandbox.fleet import _ExecutorServer
+  from dockyard.sandbox.local import free_port
+  port = free_port()
+  servers = [_ExecutorServer("127.0.0.1", port, 1, 4, {}, str(tmp_path), None) for _ in range(2)]
+  try:
+    urls = [s.url() for s in servers]
+    assert urls[0] == f"http://127.0.0.1:{port}" and urls[1] != urls[0]
+    assert all(json.load(urllib.request.urlopen(u + "/healthz", timeout=30)).get("ok") for u in urls)
+  finally:
+    for s in servers:
+      s.stop()
