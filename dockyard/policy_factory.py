@@ -37,11 +37,16 @@ def make_loss(config: Any, kind: str = "pg") -> LossFn:
   from dockyard.grpo.loss_spec import LossConfig
   if kind not in ("pg", "nll"):
     raise ValueError(f"loss kind must be 'pg' or 'nll', got {kind!r}")
-  if _backend(config) == "jax":
-    from dockyard.trainer_jax import loss as losses
-  else:
-    from dockyard.trainer_torch import loss as losses
+  losses = _losses_module(config)
   return losses.make_pg_loss(LossConfig.from_config(config)) if kind == "pg" else losses.nll_loss
+
+
+def _losses_module(config: Any):
+  if _backend(config) == "jax":
+    from dockyard.trainer_jax import loss
+  else:
+    from dockyard.trainer_torch import loss
+  return loss
 
 
 def make_preference_loss(config: Any, section: Any = None) -> LossFn:
@@ -89,7 +94,9 @@ def make_update(config: Any, tokenizer: Any = None):
       _check_same_tokenizer(path, tokenizer)
       teachers.append(make_policy(config, path))
     weights = tuple(distill.weights) or (1.0 / len(teachers),) * len(teachers)
-    return distill_update(teachers, weights, float(distill.reward_weight))
+    losses = _losses_module(config)
+    return distill_update(teachers, weights, float(distill.reward_weight), loss=distill.loss,
+                          top_k=int(distill.top_k), topk_loss=losses.make_topk_kl_loss(weights))
   if config.grpo.objective == "dpo":
     from dockyard.dpo.loss_spec import PreferenceConfig
     from dockyard.dpo.online import online_dpo_update

@@ -471,7 +471,7 @@ def _validate_objective(config) -> None:
   _validate_pair_micro_batch(config)
 
 
-DISTILL_KEYS = ("teachers", "weights", "reward_weight")
+DISTILL_KEYS = ("teachers", "weights", "reward_weight", "loss", "top_k")
 
 
 def _validate_distill(config) -> None:
@@ -498,6 +498,20 @@ def _validate_distill(config) -> None:
                       f"empty: equal weights), got {list(weights)} for {len(teachers)} teachers")
   if float(distill.reward_weight) < 0:
     raise ConfigError("grpo.distill.reward_weight", f"must be >= 0, got {distill.reward_weight}")
+  if distill.loss not in ("topk_kl", "sampled_token"):
+    raise ConfigError("grpo.distill.loss", f"must be 'topk_kl' or 'sampled_token', got {distill.loss!r}")
+  if distill.loss == "topk_kl":
+    if int(distill.top_k) < 1:
+      raise ConfigError("grpo.distill.top_k", f"must be >= 1 (tokens per position), got {distill.top_k}")
+    if float(config.loss_fn.reference_policy_kl_penalty) != 0:
+      raise ConfigError("loss_fn.reference_policy_kl_penalty", "must be 0 with grpo.distill.loss="
+                        "'topk_kl': the teachers are the anchor, and the penalty lives in the policy-"
+                        "gradient loss that the top-k KL replaces (or use loss='sampled_token')")
+    for key in ("policy.packing_row_tokens", "optim.micro_batch_tokens"):
+      section, name = key.split(".")
+      if int(config[section].get(name, 0)):
+        raise ConfigError(key, "must be 0 with grpo.distill.loss='topk_kl': the student's top-k "
+                          "logprobs are gathered on unpacked rows of fixed micro-batches")
   if grpo.dynamic_sampling:
     raise ConfigError("grpo.dynamic_sampling", "on-policy distillation learns from every sample "
                       "(a group flat in reward still has the teachers' per-token signal): set it False")

@@ -151,21 +151,21 @@ def train_on_groups(policy: Policy, groups: Sequence[Group], loss_fn: LossFn, *,
                     kl_coef: float = 0.0, reference: Policy | None = None,
                     pad_multiple: int = PAD_MULTIPLE,
                     num_minibatches: int = 1, temperature: float = 1.0,
-                    advantage_fn: Callable[[TrainBatch], tuple[np.ndarray, dict]] | None = None,
+                    extras_fn: Callable[[TrainBatch], tuple[dict, dict]] | None = None,
                     ) -> dict[str, float]:
   """Packs the groups, then takes one optimizer step per minibatch (`num_minibatches` row slices;
   metrics are their mean, `lr` the last). prev logprobs (the policy before this update) are
-  recomputed in a separate forward pass only where something reads them apart from the step
-  itself: later minibatches (the policy has moved by then) and `advantage_fn`. With one
-  minibatch the loss takes prev as its own logprobs detached (`loss_spec`), the same numbers
-  without the pass. Reference logprobs (KL) are one forward pass of `reference`.
-  `temperature`: what the groups were sampled at; prev, reference and trained logprobs are all
-  of softmax(logits / T), the distribution the engine's generation logprobs describe.
-  `advantage_fn(batch) -> (advantages [B] or [B, T], metrics)`, when given, replaces the groups'
-  advantages once the batch holds its prev logprobs (on-policy distillation's per-token ones)."""
+  recomputed in a separate forward pass only where later minibatches need them (the policy has
+  moved by then); with one minibatch the loss takes prev as its own logprobs detached
+  (`loss_spec`), the same numbers without the pass. Reference logprobs (KL) are one forward pass
+  of `reference`. `temperature`: what the groups were sampled at; prev, reference and trained
+  logprobs are all of softmax(logits / T), the distribution the engine's generation logprobs
+  describe. `extras_fn(batch) -> (extras, metrics)`, when given, runs once the batch holds its
+  prev (if computed) and reference logprobs; its extras are set on the batch (replacing any of the
+  same name: e.g. on-policy distillation's per-token advantages, or the teachers' top-k)."""
   batch = make_train_batch(groups, pad_id, pad_multiple, temperature)
   m = batch.loss_mask
-  if num_minibatches > 1 or advantage_fn is not None:
+  if num_minibatches > 1:
     # the policy as it is before this update, so every minibatch's ratio is against it
     batch.extras["prev_logprobs"] = np.asarray(policy.logprobs(batch), np.float32) * m
   if kl_coef != 0:
@@ -174,10 +174,10 @@ def train_on_groups(policy: Policy, groups: Sequence[Group], loss_fn: LossFn, *,
                        "reference=... or set the penalty to 0")
     batch.extras["reference_logprobs"] = np.asarray(reference.logprobs(batch), np.float32) * m
   metrics = {}
-  if advantage_fn is not None:
-    advantages, extra = advantage_fn(batch)
-    batch.extras["advantages"] = np.asarray(advantages, np.float32)
-    metrics.update(extra)
+  if extras_fn is not None:
+    extras, extra_metrics = extras_fn(batch)
+    batch.extras.update(extras)
+    metrics.update(extra_metrics)
   steps = [policy.train_step(mb, loss_fn) for mb in split_rows(batch, num_minibatches)]
   for k in steps[0]:
     metrics[f"train/{k}"] = float(steps[-1][k] if k == "lr" else np.mean([float(s[k]) for s in steps]))

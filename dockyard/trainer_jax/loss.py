@@ -100,3 +100,36 @@ def nll_loss(logprobs, loss_mask, extras: Mapping[str, Any]):
   total_tokens = _totals(m, m.sum(-1), extras)[0]
   loss = -(logprobs.astype(jnp.float32) * m).sum() / total_tokens
   return loss, dict(loss=jax.lax.stop_gradient(loss), nll=jax.lax.stop_gradient(loss))
+
+
+def topk_kl_loss(logprobs, loss_mask, extras: Mapping[str, Any], weights):
+  """The top-k reverse KL to the teachers, per `dockyard.distill.topk_kl_loss` (the spec). The
+  gradient flows through extras['topk_logprobs'] (the trainer's, per the top-k contract of
+  `dockyard.policy`); `logprobs` is not read."""
+  from dockyard.distill import REST_FLOOR
+  del logprobs
+  m = jnp.asarray(loss_mask, jnp.float32)
+  total_tokens = _totals(m, m.sum(-1), extras)[0]
+  student = extras["topk_logprobs"].astype(jnp.float32)
+  teacher = jax.lax.stop_gradient(jnp.asarray(extras["teacher_topk_logprobs"], jnp.float32))
+  k = student.shape[-1] // len(weights)
+  per_token, mass0 = jnp.zeros_like(m), None
+  for i, w in enumerate(weights):
+    s, q = student[..., i * k:(i + 1) * k], teacher[..., i * k:(i + 1) * k]
+    ps, pq = jnp.exp(s), jnp.exp(q)
+    rest_s = jnp.maximum(1.0 - ps.sum(-1), REST_FLOOR)
+    rest_q = jnp.maximum(1.0 - pq.sum(-1), REST_FLOOR)
+    per_token = per_token + float(w) * ((ps * (s - q)).sum(-1) + rest_s * (jnp.log(rest_s) - jnp.log(rest_q)))
+    mass0 = ps.sum(-1) if mass0 is None else mass0
+  loss = (per_token * m).sum() / total_tokens
+  sg = jax.lax.stop_gradient
+  return loss, dict(topk_kl=sg(loss), topk_student_mass=sg((mass0 * m).sum() / total_tokens))
+
+
+def make_topk_kl_loss(weights):
+  """A `LossFn` closed over the teachers' weights (a tuple: its length is the teacher count)."""
+  weights = tuple(float(w) for w in weights)
+
+  def loss_fn(logprobs, loss_mask, extras):
+    return topk_kl_loss(logprobs, loss_mask, extras, weights)
+  return loss_fn

@@ -389,3 +389,20 @@ def token_logprobs(logits, input_ids):
   logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
   picked = jnp.take_along_axis(logp, input_ids[:, 1:, None], axis=-1)[..., 0]
   return jnp.concatenate([jnp.zeros_like(picked[:, :1]), picked], axis=1)
+
+
+def gathered_logprobs(logits, ids):
+  """[B, T, K]: entry (t, j) = log p(ids[t, j] | x_<t) from logits[t-1]; entry 0 = 0 (the
+  top-k contract of `dockyard.policy`)."""
+  logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
+  picked = jnp.take_along_axis(logp, ids[:, 1:].astype(jnp.int32), axis=-1)
+  return jnp.concatenate([jnp.zeros_like(picked[:, :1]), picked], axis=1)
+
+
+def top_k_logprobs(logits, k: int):
+  """(ids [B, T, k] int32, logprobs [B, T, k]): the k most likely next tokens from logits[t-1]
+  at entry t, most likely first; entry 0 is 0."""
+  logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
+  values, ids = jax.lax.top_k(logp, k)
+  pad = lambda x: jnp.concatenate([jnp.zeros_like(x[:, :1]), x], axis=1)
+  return pad(ids.astype(jnp.int32)), pad(values)

@@ -222,8 +222,22 @@ class JaxPolicy(Policy):
     out = np.concatenate([np.asarray(jax.device_get(o)) for o in outs])[:b, :t]
     return out * np.asarray(batch.attention_mask, out.dtype)  # padding positions report 0
 
+  def topk_logprobs(self, batch: TrainBatch, k: int) -> tuple[np.ndarray, np.ndarray]:
+    stacked, b = self._stack(batch)   # unpacked rows, whatever policy.packing_row_tokens says
+    t = batch.input_ids.shape[1]
+    outs = [jax.device_get(train.topk_logprob_step(self.model, stacked["input_ids"][i],
+                                                   stacked["attention_mask"][i], stacked["temperature"], int(k)))
+            for i in range(int(stacked["num_micro"]))]
+    mask = np.asarray(batch.attention_mask)[:, :, None]
+    ids = np.concatenate([np.asarray(o[0]) for o in outs])[:b, :t] * mask
+    lps = np.concatenate([np.asarray(o[1]) for o in outs])[:b, :t] * mask
+    return ids.astype(np.int32), lps.astype(np.float32)
+
   def train_step(self, batch: TrainBatch, loss_fn: LossFn) -> dict[str, float]:
     """One step; `loss_fn` is a jit static argument: pass the same callable each step."""
+    if self.packing_row_tokens and "topk_ids" in batch.extras:
+      raise ValueError("extras['topk_ids'] (top-k distillation) needs unpacked rows: set "
+                       "config.policy.packing_row_tokens=0")
     stacked, _ = self._stack_packed(batch) if self.packing_row_tokens else self._stack(batch)
     loss_mask = np.asarray(batch.loss_mask, np.float32)
     replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())

@@ -22,7 +22,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from dockyard.trainer_jax import moe as moe_lib
-from dockyard.trainer_jax.model import Decoder, token_logprobs
+from dockyard.trainer_jax.model import Decoder, gathered_logprobs, token_logprobs, top_k_logprobs
 
 
 def lr_schedule(optim: Mapping[str, Any], total_steps: int) -> optax.Schedule:
@@ -160,12 +160,14 @@ def train_step(model: Decoder, optimizer: nnx.Optimizer, batch: Mapping[str, Any
     rngs = jax.tree.map(lambda x: x, rngs)
     m = nnx.merge(graphdef, params, rngs, rest, copy=sparse)
     m.train()  # this traced copy only: LoRA dropout on; `model` itself stays deterministic
+    extras = {**mb["extras"], **batch["totals"]}
     if "segment_ids" in mb:   # packed rows: score them, then gather back to [S, T] (sequences)
       logprobs = packed_logprobs(m, mb, temperature)
     else:
-      logits = m(mb["input_ids"], mb["attention_mask"])
-      logprobs = token_logprobs(logits / temperature, mb["input_ids"])
-    extras = {**mb["extras"], **batch["totals"]}
+      logits = m(mb["input_ids"], mb["attention_mask"]) / temperature
+      logprobs = token_logprobs(logits, mb["input_ids"])
+      if "topk_ids" in extras:   # the top-k contract of dockyard.policy
+        extras["topk_logprobs"] = gathered_logprobs(logits, extras["topk_ids"])
     loss, metrics = loss_fn(logprobs, mb["loss_mask"], extras)
     metrics = dict(metrics)
     streams = nnx.state(m, nnx.RngState)
@@ -218,3 +220,9 @@ def logprob_step(model: Decoder, input_ids, attention_mask, temperature=1.0):
 def packed_logprob_step(model: Decoder, mb, temperature=1.0):
   """`packed_logprobs` of one packed micro-batch (PACKED_KEYS), jitted."""
   return packed_logprobs(model, mb, temperature)
+
+
+@functools.partial(nnx.jit, static_argnames=("k",))
+def topk_logprob_step(model: Decoder, input_ids, attention_mask, temperature, k: int):
+  """`top_k_logprobs` of softmax(logits / temperature): (ids, logprobs) [B, T, k]."""
+  return top_k_logprobs(model(input_ids, attention_mask) / temperature, k)

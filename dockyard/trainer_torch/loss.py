@@ -105,3 +105,34 @@ def nll_loss(logprobs: torch.Tensor, loss_mask, extras: Mapping[str, Any]):
   total_tokens = _totals(m, m.sum(-1), extras)[0]
   loss = -(lp * m).sum() / total_tokens
   return loss, dict(loss=loss.detach(), nll=loss.detach())
+
+
+def topk_kl_loss(logprobs, loss_mask, extras: Mapping[str, Any], weights):
+  """The top-k reverse KL to the teachers, per `dockyard.distill.topk_kl_loss` (the spec). The
+  gradient flows through extras['topk_logprobs'] (the trainer's, per the top-k contract of
+  `dockyard.policy`); `logprobs` is not read."""
+  from dockyard.distill import REST_FLOOR
+  student = torch.as_tensor(extras["topk_logprobs"]).to(torch.float32)
+  m = torch.as_tensor(loss_mask, dtype=torch.float32, device=student.device)
+  total_tokens = _totals(m, m.sum(-1), extras)[0]
+  teacher = _f32(extras["teacher_topk_logprobs"], student)
+  k = student.shape[-1] // len(weights)
+  per_token, mass0 = torch.zeros_like(m), None
+  for i, w in enumerate(weights):
+    s, q = student[..., i * k:(i + 1) * k], teacher[..., i * k:(i + 1) * k]
+    ps, pq = s.exp(), q.exp()
+    rest_s = (1.0 - ps.sum(-1)).clamp_min(REST_FLOOR)
+    rest_q = (1.0 - pq.sum(-1)).clamp_min(REST_FLOOR)
+    per_token = per_token + float(w) * ((ps * (s - q)).sum(-1) + rest_s * (rest_s.log() - rest_q.log()))
+    mass0 = ps.sum(-1) if mass0 is None else mass0
+  loss = (per_token * m).sum() / total_tokens
+  return loss, dict(topk_kl=loss.detach(), topk_student_mass=((mass0 * m).sum() / total_tokens).detach())
+
+
+def make_topk_kl_loss(weights):
+  """A `LossFn` closed over the teachers' weights (a tuple: its length is the teacher count)."""
+  weights = tuple(float(w) for w in weights)
+
+  def loss_fn(logprobs, loss_mask, extras):
+    return topk_kl_loss(logprobs, loss_mask, extras, weights)
+  return loss_fn

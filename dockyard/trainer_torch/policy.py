@@ -56,6 +56,14 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tenso
   return torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
 
 
+def gathered_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+  """[B, T, K]: entry (t, j) = log p(ids[t, j] | x_<t) from logits[t-1]; entry 0 = 0 (the top-k
+  contract of `dockyard.policy`)."""
+  logp = F.log_softmax(logits[:, :-1].to(torch.float32), dim=-1)
+  picked = logp.gather(-1, ids[:, 1:].long())
+  return torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
+
+
 def check_batch(batch: TrainBatch, vocab_size: int, max_seq_len: int) -> None:
   """Clear errors for malformed batches, before any collective starts."""
   ids = np.asarray(batch.input_ids)
@@ -200,9 +208,10 @@ class TorchPolicy(Policy):
     return out, n_micro
 
   def _forward(self, input_ids: np.ndarray, attention_mask: np.ndarray | None = None,
-               position_ids: np.ndarray | None = None, temperature: float = 1.0):
+               position_ids: np.ndarray | None = None, temperature: float = 1.0, topk_ids=None):
     """(token logprobs [B, T], router logits): the latter, one [B*T, E] tensor per sparse layer,
-    only when training a Mixture-of-Experts model (else None)."""
+    only when training a Mixture-of-Experts model (else None). With `topk_ids` [B, T, K] the
+    first is (token logprobs, logprobs of those ids [B, T, K])."""
     ids = torch.as_tensor(input_ids, dtype=torch.long, device=self.device)
     kw = {}
     if attention_mask is not None:
@@ -216,7 +225,11 @@ class TorchPolicy(Policy):
     logits = out.logits
     if temperature != 1.0:   # in fp32 (token_logprobs casts anyway); T=1 skips the extra [B,T,V] copy
       logits = logits.to(torch.float32) / float(temperature)
-    return token_logprobs(logits, ids), (out.router_logits if routed else None)
+    router = out.router_logits if routed else None
+    if topk_ids is not None:
+      topk = gathered_logprobs(logits, torch.as_tensor(topk_ids, device=self.device))
+      return (token_logprobs(logits, ids), topk), router
+    return token_logprobs(logits, ids), router
 
   def _logprobs(self, input_ids: np.ndarray, attention_mask: np.ndarray,
                 temperature: float = 1.0) -> torch.Tensor:
@@ -335,15 +348,40 @@ class TorchPolicy(Policy):
     sums: dict[str, torch.Tensor] = {}
     for i in range(n_micro):
       s = slice(i * self._micro, (i + 1) * self._micro)
+      topk_ids = part["extras"]["topk_ids"][s] if "topk_ids" in part["extras"] else None
       lp, router = self._forward(part["input_ids"][s], part["attention_mask"][s],
-                                 temperature=batch.temperature)
+                                 temperature=batch.temperature, topk_ids=topk_ids)
       extras = {k: (torch.as_tensor(v[s]) if np.ndim(v) >= 1 else torch.as_tensor(v))
                 for k, v in part["extras"].items()}
+      if topk_ids is not None:   # the top-k contract of dockyard.policy
+        lp, extras["topk_logprobs"] = lp
       self._micro_loss(lp, torch.as_tensor(part["loss_mask"][s]), {**extras, **totals}, loss_fn, router,
                        part["token_mask"][s], num_micro, sums)
     return sums
 
+  def topk_logprobs(self, batch: TrainBatch, k: int) -> tuple[np.ndarray, np.ndarray]:
+    part, n_micro = self._rank_slice(batch)
+    ids, lps = [], []
+    self.model.eval()
+    with torch.no_grad():
+      for i in range(n_micro):
+        s = slice(i * self._micro, (i + 1) * self._micro)
+        tokens = torch.as_tensor(part["input_ids"][s], dtype=torch.long, device=self.device)
+        mask = torch.as_tensor(part["attention_mask"][s], dtype=torch.long, device=self.device)
+        logits = self.model(input_ids=tokens, attention_mask=mask, use_cache=False).logits
+        logp = F.log_softmax(logits[:, :-1].to(torch.float32) / float(batch.temperature), dim=-1)
+        values, top = logp.topk(int(k), dim=-1)
+        ids.append(F.pad(top, (0, 0, 1, 0)).to(torch.int32))
+        lps.append(F.pad(values, (0, 0, 1, 0)))
+    mask = np.asarray(batch.attention_mask)[:, :, None]
+    ids = dist.all_gather_rows(torch.cat(ids, 0))[:batch.batch_size].cpu().numpy() * mask
+    lps = dist.all_gather_rows(torch.cat(lps, 0))[:batch.batch_size].cpu().numpy() * mask
+    return ids.astype(np.int32), lps.astype(np.float32)
+
   def train_step(self, batch: TrainBatch, loss_fn: LossFn) -> dict[str, float]:
+    if self._planned and "topk_ids" in batch.extras:
+      raise ValueError("extras['topk_ids'] (top-k distillation) needs fixed micro-batches of unpacked "
+                       "rows: set config.policy.packing_row_tokens=0 and config.optim.micro_batch_tokens=0")
     lm = np.asarray(batch.loss_mask, np.float32)
     totals = dict(total_tokens=torch.tensor(float(lm.sum())),
                   total_sequences=torch.tensor(float((lm.sum(-1) > 0).sum())))

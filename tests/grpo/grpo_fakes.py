@@ -81,9 +81,18 @@ class BigramPolicy(Policy):
   def logprobs(self, batch: TrainBatch) -> np.ndarray:
     return np.asarray(_bigram_logprobs(self.table, jnp.asarray(batch.input_ids), batch.temperature))
 
+  def topk_logprobs(self, batch: TrainBatch, k: int):
+    from dockyard.trainer_jax.model import top_k_logprobs
+    ids, lps = top_k_logprobs(self.table[jnp.asarray(batch.input_ids)] / batch.temperature, k)
+    mask = np.asarray(batch.attention_mask)[:, :, None]
+    return np.asarray(ids) * mask, np.asarray(lps) * mask
+
   def _grad_fn(self, loss_fn):
     if id(loss_fn) not in self._grad_fns:
       def f(table, ids, mask, extras, temperature):
+        if "topk_ids" in extras:   # the top-k contract of dockyard.policy
+          from dockyard.trainer_jax.model import gathered_logprobs
+          extras = {**extras, "topk_logprobs": gathered_logprobs(table[ids] / temperature, extras["topk_ids"])}
         return loss_fn(_bigram_logprobs(table, ids, temperature), mask, extras)
       self._grad_fns[id(loss_fn)] = (loss_fn, jax.jit(jax.value_and_grad(f, has_aux=True)))
     return self._grad_fns[id(loss_fn)][1]
