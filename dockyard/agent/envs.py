@@ -1,6 +1,8 @@
 """Environments for multi-turn agents (a config with an `agent` section): their prompts ask for
-tool calls, `open_session(task)` is where an episode acts, and `score` (single-shot validation)
-runs one completion's tool calls in a fresh session (`play_completion`) and grades what they left.
+tool calls, `open_session(task)` is where an episode acts (training, and the GRPO loop's
+validation: one episode per held-out task), and `score` (single-shot: a completion scored alone,
+as configs/eval.py does) runs one completion's tool calls in a fresh session (`play_completion`)
+and grades what they left.
 They live here, not in dockyard.envs, because they build on the agent's tools and episodes.
 
 `SweAgentEnv`: the SWE tasks; the prompt is the issue alone (the agent reads the code in its
@@ -17,8 +19,9 @@ checker in a fresh sandbox over the directory the agent left, from the host-side
 the agent can neither read nor replace it, and whatever it wrote outside /testbed is gone (each
 command's /tmp and $HOME are its own). Reward: 1 when the checker exits 0, else 0.
 
-`oracle_calls` is a terminal task's reference solution as the agent's tool calls (bash commands, then submit); `oracle_turns`
-renders them as the model's turns, and `gold_completion` as one completion, for an SFT warm start.
+`oracle_calls` is a terminal task's reference solution as the agent's tool calls (bash commands,
+then submit); `oracle_turns` renders them as the model's turns, which the SFT warm start plays as
+episodes in sessions (`dockyard.agent.oracle`), and `gold_completion` as one completion.
 """
 from __future__ import annotations
 
@@ -49,6 +52,20 @@ class SweAgentEnv(SweEnv):
     user = (f"Repository: {task['repo']} (at /testbed)\n\nIssue:\n{issue}\n\nFix the issue, then "
             "call submit.")
     return [{"role": "system", "content": SWE_SYSTEM_PROMPT}, {"role": "user", "content": user}]
+
+  def is_success(self, reward: Reward) -> bool:
+    """Resolved and not zeroed by an integrity finding: from `score`'s info, or an episode's verdict
+    (before the episode's penalties)."""
+    verdict = reward.info.get("verdict") or {}
+    resolved = reward.info.get("resolved", verdict.get("resolved"))
+    return bool(resolved) and float(reward.info.get("raw_reward", reward.value)) > 0
+
+  def validation_metrics(self, rewards) -> dict[str, float]:
+    n = max(len(rewards), 1)
+    rates = [r.info.get("pass_rate", (r.info.get("verdict") or {}).get("pass_rate")) for r in rewards]
+    return {"resolve_rate": sum(self.is_success(r) for r in rewards) / n,
+            "malformed_fraction": sum(r.malformed for r in rewards) / n,
+            "pass_rate": sum(float(p or 0.0) for p in rates) / n}
 
   async def score(self, task: Mapping[str, Any], completion: str) -> Reward:
     reward = await play_completion(SessionExecutor(await self.open_session(task)), completion)
@@ -84,6 +101,15 @@ class TerminalEnv(Environment):
 
   def gold_completion(self, task: Mapping[str, Any]) -> str:
     return "\n".join(oracle_turns(task))
+
+  def oracle_turns(self, task: Mapping[str, Any]) -> list[str]:
+    """The reference solution as the model's turns (an agent config's SFT warm start plays them
+    in a session: `dockyard.agent.oracle`)."""
+    return oracle_turns(task)
+
+  def is_success(self, reward: Reward) -> bool:
+    """The checker passed: an episode's reward before its penalties (invalid calls) where it has one."""
+    return float(reward.info.get("raw_reward", reward.value)) >= 1.0
 
   async def score(self, task: Mapping[str, Any], completion: str) -> Reward:
     return await play_completion(SessionExecutor(await self.open_session(task)), completion)

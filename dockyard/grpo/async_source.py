@@ -131,6 +131,10 @@ class Collector:
     self._idle = threading.Condition()
 
   # -- trainer-facing ---------------------------------------------------------------------------
+  @property
+  def started(self) -> bool:
+    return self._thread.ident is not None
+
   def start(self) -> None:
     self._thread.start()
     asyncio.run_coroutine_threadsafe(self._started(), self.loop).result()
@@ -344,6 +348,10 @@ class AsyncSource:
     self._t_last = None   # perf/tokens_per_s counts from the first take (after any validation at start)
 
   def run(self, coro):
+    """Runs `coro` on the collector's loop (where the env's clients live): before `start` (the
+    SFT warm start's oracle episodes) in this thread, afterwards on the collector's."""
+    if not self.collector.started:
+      return self.collector.loop.run_until_complete(coro)
     return self.collector.run_coro(coro)
 
   def take(self, step: int) -> tuple[list[Group], dict[str, float]]:

@@ -20,6 +20,7 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 from dockyard.agent.episode import (AgentConfig, Episode, SessionExecutor, ToolExecutor,
                                     episode_metrics, run_group)
+from dockyard.agent.oracle import play_oracle
 from dockyard.agent.tools import SESSION_TOOLS, Tool
 from dockyard.agent.trajectory import ChatRenderer
 from dockyard.grpo.batch import Group
@@ -77,20 +78,23 @@ class EpisodeGroups:
                        "sandbox sessions (it has no open_session(task)) for the agent to act in")
     self.open_executor = open_executor or self._open_session
     self.renderer = ChatRenderer(tokenizer, tools)
+    self.max_new_tokens = int(config.rollout.max_new_tokens)
     self._played: list[Episode] = []
     self._lost = 0
-    self.slots = asyncio.Semaphore(max_in_flight(config))
+    self.max_in_flight = max_in_flight(config)
+    self.slots = asyncio.Semaphore(self.max_in_flight)
 
   async def _open_session(self, task: Mapping[str, Any]) -> ToolExecutor:
     return SessionExecutor(await self.env.open_session(task))
 
-  async def group(self, task: Mapping[str, Any], sampling: SamplingParams) -> Group:
-    """The task's n episodes, played concurrently and graded, as one scored group. A lost
-    session loses its group's episodes: they are played again, up to MAX_GROUP_ATTEMPTS times."""
+  async def group(self, task: Mapping[str, Any], sampling: SamplingParams, n: int | None = None) -> Group:
+    """The task's n episodes (`grpo.num_generations_per_prompt` unless given), played concurrently
+    and graded, as one scored group. A lost session loses its group's episodes: they are played
+    again, up to MAX_GROUP_ATTEMPTS times."""
     for attempt in range(MAX_GROUP_ATTEMPTS):
       try:
         episodes = await run_group(self.generator, self.open_executor, self.renderer, task,
-                                   self.env.prompt_messages(task), self.n, sampling, self.agent,
+                                   self.env.prompt_messages(task), n or self.n, sampling, self.agent,
                                    self.slots)
         break
       except SessionLost:
@@ -104,3 +108,14 @@ class EpisodeGroups:
     played, self._played = self._played, []
     lost, self._lost = self._lost, 0
     return {**episode_metrics(played), "agent/lost_groups": float(lost)}
+
+  async def play_oracle(self, tasks: Sequence[Mapping[str, Any]]) -> tuple[list[Episode], list[str]]:
+    """The tasks' reference solutions played as episodes in sessions (`dockyard.agent.oracle`):
+    those their grader passes, and the instance ids of the others. For an SFT warm start on the
+    token trajectories the episodes train on; nothing is added to `metrics()`."""
+    if not hasattr(self.env, "oracle_turns"):
+      raise ValueError(f"grpo.sft_warmup.steps > 0 with an agent config needs oracle episodes, and "
+                       f"the environment {type(self.env).__name__} has no oracle_turns(task); set "
+                       f"grpo.sft_warmup.steps=0")
+    return await play_oracle(self.env, self.tokenizer, tasks, self.renderer, self.agent,
+                             self.open_executor, self.max_new_tokens, self.max_in_flight)

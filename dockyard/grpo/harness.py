@@ -27,7 +27,7 @@ import numpy as np
 from dockyard import console, estimators
 from dockyard import workdir as workdir_lib
 from dockyard.grpo import checkpoints
-from dockyard.grpo.sft import sft_warmup
+from dockyard.grpo.sft import pack_episodes, sft_warmup
 from dockyard.grpo.step import PAD_MULTIPLE, collect_groups, refit, score_groups
 from dockyard.policy import LossFn, Policy
 from dockyard.rollout.base import Generator, SamplingParams
@@ -114,16 +114,25 @@ def pass_at_1_metrics(env, rewards: Sequence[Any]) -> dict[str, float]:
 
 def run_validation(generator: Generator, env, tokenizer, tasks: Sequence[Mapping[str, Any]],
                    sampling: SamplingParams, loop: asyncio.AbstractEventLoop | Callable,
-                   max_in_flight: int = 64, samples: list | None = None) -> dict[str, float]:
+                   max_in_flight: int = 64, samples: list | None = None,
+                   episodes=None) -> dict[str, float]:
   """One completion per held-out task at the validation temperature; `val/*` metrics.
 
   `loop` runs the scoring coroutine: an event loop, or a callable taking the coroutine (a
-  trajectory source's `run`: the env's clients live on its event loop). `samples`, when given,
-  receives one record per task: instance id, completion text, reward, malformed, reason.
+  trajectory source's `run`: the env's clients live on its event loop). `episodes` (an agent
+  config's `grpo.episodes.EpisodeGroups`): each task is one episode played in a session, as
+  training plays them (the completion is its turns and tool results), instead of one completion
+  scored by `env.score`. `samples`, when given, receives one record per task: instance id,
+  completion text, reward, malformed, reason.
   """
-  groups = collect_groups(generator, env, tokenizer, tasks, 1, sampling)
   run = loop if callable(loop) else loop.run_until_complete
-  run(score_groups(env, groups, max_in_flight))
+  if episodes is not None:
+    async def play():
+      return await asyncio.gather(*[episodes.group(t, sampling, n=1) for t in tasks])
+    groups = list(run(play()))
+  else:
+    groups = collect_groups(generator, env, tokenizer, tasks, 1, sampling)
+    run(score_groups(env, groups, max_in_flight))
   rewards = [g.rewards[0] for g in groups]
   if samples is not None:
     for g, r in zip(groups, rewards):
@@ -143,8 +152,10 @@ class Validator:
 
   def __init__(self, config, policy: Policy, generator: Generator, env, tokenizer,
                val_tasks: Sequence[Mapping[str, Any]], settings: RunSettings, ckpt_root: str, run_coro,
-               samples_path: str | None = None):
+               samples_path: str | None = None, episodes=None):
+    """`episodes`: an agent config's episode player (validation plays episodes: `run_validation`)."""
     self.samples_path = samples_path   # val_samples.jsonl: every validation's completions, by step
+    self.episodes = episodes
     self.config, self.policy, self.generator, self.env, self.tokenizer = config, policy, generator, env, tokenizer
     self.tasks = list(val_tasks)[:config.grpo.max_val_samples]
     self.settings, self.run_coro = settings, run_coro
@@ -161,7 +172,8 @@ class Validator:
     samples: list[dict] = []
     with timed(times, "validate"):
       val = run_validation(self.generator, self.env, self.tokenizer, self.tasks, self.settings.val_sampling,
-                           self.run_coro, self.settings.max_in_flight, samples=samples)
+                           self.run_coro, self.settings.max_in_flight, samples=samples,
+                           episodes=self.episodes)
     if self.samples_path:
       workdir_lib.append_jsonl(self.samples_path, ({"step": step, **rec} for rec in samples))
     val.update(times)
@@ -197,9 +209,13 @@ def resolve_reference(config, policy: Policy, reference: Policy | Callable[[], P
 
 
 def start_run(config, *, policy: Policy, synchronizer, env, tokenizer, train_tasks, writer, nll: LossFn,
-              ckpt_root: str, progress: bool = True) -> tuple[int, dict | None]:
+              ckpt_root: str, progress: bool = True, episodes=None,
+              run_coro: Callable | None = None) -> tuple[int, dict | None]:
   """Resumes from ckpt_root/latest or warm-starts with SFT (with a bar when `progress`), then
-  refits the engine if the policy changed; returns (start step, the resumed loop_state or None)."""
+  refits the engine if the policy changed; returns (start step, the resumed loop_state or None).
+  `episodes` (an agent config's `grpo.episodes.EpisodeGroups`, with `run_coro` to run its
+  coroutines): the warm start trains on the train tasks' oracle episodes, token for token as
+  episodes train (`dockyard.agent.oracle`), instead of their gold chats."""
   grpo = config.grpo
   latest = checkpoints.load_latest(ckpt_root) if config.checkpoint.enabled else None
   if latest is not None:
@@ -215,9 +231,21 @@ def start_run(config, *, policy: Policy, synchronizer, env, tokenizer, train_tas
       if bar is not None:
         bar.set_postfix_str(f"loss {m.get('loss', float('nan')):.3f}", refresh=False)
         bar.update(1)
+    items, make_batch = train_tasks, None
+    if episodes is not None:
+      played, failed = run_coro(episodes.play_oracle(train_tasks))
+      writer.write(0, {"sft/oracle_episodes": float(len(played)), "sft/oracle_failed": float(len(failed))})
+      if failed:
+        log.warning("SFT warm start: %d oracle episodes did not pass their checker and are left out: %s",
+                    len(failed), failed[:10])
+      if not played:
+        raise ValueError("SFT warm start: no oracle episode passed its checker")
+      pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+      items, make_batch = played, (lambda eps: pack_episodes(eps, pad_id, PAD_MULTIPLE))
     try:
-      sft_warmup(policy, env, tokenizer, train_tasks, steps=sw.steps, batch_size=sw.batch_size, lr=sw.lr,
-                 loss_fn=nll, seed=config.run.seed, pad_multiple=PAD_MULTIPLE, on_step=on_step)
+      sft_warmup(policy, env, tokenizer, items, steps=sw.steps, batch_size=sw.batch_size, lr=sw.lr,
+                 loss_fn=nll, seed=config.run.seed, pad_multiple=PAD_MULTIPLE, on_step=on_step,
+                 make_batch=make_batch)
     finally:
       if bar is not None:
         bar.close()

@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping, Sequence
 from dockyard import workdir as workdir_lib
 from dockyard.grpo import harness
 from dockyard.grpo.harness import RunSettings, TrainResult, Validator, timed
+from dockyard.grpo.episodes import EpisodeGroups
 from dockyard.grpo.source import TrajectorySource
 from dockyard.grpo.step import POLICY_GRADIENT, Update, assign_advantages, refit
 from dockyard.policy import LossFn, Policy
@@ -46,13 +47,18 @@ def grpo_train(config, *, source: TrajectorySource, policy: Policy, generator: G
   ckpt_root = os.path.join(workdir, "checkpoints")
   os.makedirs(ckpt_root, exist_ok=True)
   writer = workdir_lib.MetricWriter(workdir, tensorboard=config.logging.tensorboard)
+  # An agent config validates on episodes and warm-starts on oracle episodes (its own player, so
+  # that the source's agent/* metrics count training episodes only).
+  episodes = (EpisodeGroups(config, generator=generator, env=env, tokenizer=tokenizer)
+              if "agent" in config else None)
   validator = Validator(config, policy, generator, env, tokenizer, val_tasks, settings, ckpt_root, source.run,
-                        samples_path=os.path.join(workdir, harness.VAL_SAMPLES))
+                        samples_path=os.path.join(workdir, harness.VAL_SAMPLES), episodes=episodes)
   metrics: dict[str, float] = {}
   try:
     start, state = harness.start_run(config, policy=policy, synchronizer=synchronizer, env=env,
                                      tokenizer=tokenizer, train_tasks=train_tasks, writer=writer,
-                                     nll=settings.nll, ckpt_root=ckpt_root, progress=progress)
+                                     nll=settings.nll, ckpt_root=ckpt_root, progress=progress,
+                                     episodes=episodes, run_coro=source.run)
     reference = harness.resolve_reference(config, policy, reference, ckpt_root,
                                           warm_started=grpo.sft_warmup.steps > 0,
                                           needed=settings.kl_coef != 0 or update.reads_reference)

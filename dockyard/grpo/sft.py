@@ -47,10 +47,20 @@ def make_sft_batch(env, tokenizer, tasks: Sequence[Mapping[str, Any]], pad_multi
                             pad_id, pad_multiple)
 
 
-def sft_warmup(policy: Policy, env, tokenizer, tasks: Sequence[Mapping[str, Any]], *, steps: int,
+def pack_episodes(episodes, pad_id: int, pad_multiple: int = 1) -> TrainBatch:
+  """Agent episodes (`dockyard.agent.episode.Episode`) as SFT rows: each trajectory's prompt, then
+  its turns and tool results token for token, the loss on the model's tokens only."""
+  return pack_sequences([e.trajectory.prompt_ids for e in episodes], [e.trajectory.token_ids for e in episodes],
+                        pad_id, pad_multiple, completion_masks=[e.trajectory.loss_mask for e in episodes])
+
+
+def sft_warmup(policy: Policy, env, tokenizer, tasks: Sequence[Any], *, steps: int,
                batch_size: int, lr: float, loss_fn: LossFn, seed: int = 0, pad_multiple: int = 16,
-               on_step: Callable[[int, dict], None] | None = None) -> list[dict[str, float]]:
-  """Runs `steps` SFT steps on random batches of `tasks`; returns each step's metrics."""
+               on_step: Callable[[int, dict], None] | None = None,
+               make_batch: Callable[[list], TrainBatch] | None = None) -> list[dict[str, float]]:
+  """Runs `steps` SFT steps on random batches of `tasks`; returns each step's metrics.
+  `make_batch(items)` builds a batch from some of `tasks` (default: their gold chats,
+  `make_sft_batch`; an agent config's warm start passes oracle episodes and `pack_episodes`)."""
   if steps <= 0:
     return []
   if batch_size < 1:
@@ -61,6 +71,8 @@ def sft_warmup(policy: Policy, env, tokenizer, tasks: Sequence[Mapping[str, Any]
 
   def next_batch() -> TrainBatch:
     idx = rng.choice(len(tasks), size=min(batch_size, len(tasks)), replace=False)
+    if make_batch is not None:
+      return make_batch([tasks[i] for i in idx])
     return make_sft_batch(env, tokenizer, [tasks[i] for i in idx], pad_multiple)
 
   history = []

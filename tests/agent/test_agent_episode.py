@@ -183,3 +183,39 @@ def test_agent_config_errors_name_the_key():
   with pytest.raises(ValueError, match=r"unknown keys \['max_turn'\]"):
     AgentConfig.from_config({"max_turn": 3})
   assert AgentConfig.from_config({"max_turns": 3}).max_turns == 3
+
+
+def test_oracle_episodes_are_the_trajectories_an_sft_warm_start_trains_on(tokenizer):
+  """`play_oracle`: each task's reference turns played as an episode; the trajectory is the
+  template's rendering of the whole conversation (the turns trained, the tool results not), and an
+  oracle that fails its grader is left out and named."""
+  from dockyard.agent.oracle import play_oracle
+  from dockyard.grpo.sft import pack_episodes
+
+  class Env:
+    def prompt_messages(self, task):
+      return FIRST
+
+    def oracle_turns(self, task):
+      content = "yes" if task["instance_id"] != "bad" else "no"
+      return [tool_call("create", path="ok.txt", content=content), tool_call("submit")]
+
+    def is_success(self, reward):
+      return reward.value >= 1.0
+
+  async def open_executor(task):
+    return FilesExecutor()
+  renderer = ChatRenderer(tokenizer, SESSION_TOOLS)
+  tasks = [{"instance_id": "a"}, {"instance_id": "bad"}, {"instance_id": "b"}]
+  kept, failed = asyncio.run(play_oracle(Env(), tokenizer, tasks, renderer, AgentConfig(), open_executor,
+                                         max_tokens=200, max_in_flight=2))
+  assert [e.task["instance_id"] for e in kept] == ["a", "b"] and failed == ["bad"]
+  ep = kept[0]
+  assert ep.ending == "submitted" and ep.turns == 2 and ep.tool_counts == {"create": 1, "submit": 1}
+  # token for token what the chat template renders for the conversation the episode had
+  assert check_against_template(renderer, ep.messages, ep.trajectory) is None
+  batch = pack_episodes(kept, pad_id=0)
+  row = batch.input_ids[0][batch.loss_mask[0] > 0]
+  trained = tokenizer.decode(row.tolist())
+  assert '"create"' in trained and '"submit"' in trained and "wrote ok.txt" not in trained
+  assert "wrote ok.txt" in tokenizer.decode(batch.input_ids[0][batch.attention_mask[0] > 0].tolist())

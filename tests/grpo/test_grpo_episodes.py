@@ -127,6 +127,39 @@ def test_episodes_become_scored_groups_with_per_token_masks(tokenizer):
   np.testing.assert_array_equal(batch.loss_mask[0, p:p + len(row.loss_mask)], row.loss_mask)
 
 
+def test_validation_of_an_agent_config_plays_one_episode_per_task(tokenizer):
+  """`run_validation` with an episode player: one episode per held-out task (not a single-shot
+  completion for `env.score`), its reward and turns in the samples, success before penalties."""
+  from dockyard.grpo.harness import run_validation
+
+  class ValEnv(Env):
+    def is_success(self, reward):
+      return float(reward.info.get("raw_reward", reward.value)) >= 1.0
+
+    def validation_metrics(self, rewards):
+      return {"success_rate": sum(self.is_success(r) for r in rewards) / len(rewards)}
+
+    async def score(self, task, completion):
+      raise AssertionError("an agent config's validation plays episodes")
+
+  config = agent_config()
+  gen = scripted(tokenizer)
+  episodes = EpisodeGroups(config, generator=gen, env=ValEnv(), tokenizer=tokenizer, open_executor=open_files)
+  samples = []
+  loop = asyncio.new_event_loop()
+  try:
+    val = run_validation(gen, ValEnv(), tokenizer, TASKS, SamplingParams(temperature=0.0, max_tokens=200),
+                         loop, samples=samples, episodes=episodes)
+  finally:
+    loop.close()
+  assert len(samples) == len(TASKS) and len(gen.requests) > len(TASKS)   # several turns per episode
+  assert all("<tool_call>" in s["completion"] for s in samples)
+  wins = sum(s["success"] for s in samples)
+  assert 0 < wins < len(TASKS), samples
+  assert val["val/success_rate"] == val["val/pass@1"] == wins / len(TASKS)
+  assert episodes.metrics()["agent/turns"] > 1   # its own player's episodes
+
+
 def test_a_lost_session_replays_the_group_and_closes_every_executor(tokenizer):
   from dockyard.sandbox.client import SessionLost
   config = agent_config()
