@@ -78,7 +78,7 @@ class EpisodeGroups:
                        "sandbox sessions (it has no open_session(task)) for the agent to act in")
     self.open_executor = open_executor or self._open_session
     self.renderer = ChatRenderer(tokenizer, tools)
-    self.max_new_tokens = int(config.rollout.max_new_tokens)
+    self.config = config
     self._played: list[Episode] = []
     self._lost = 0
     self.max_in_flight = max_in_flight(config)
@@ -118,4 +118,5 @@ class EpisodeGroups:
                        f"the environment {type(self.env).__name__} has no oracle_turns(task); set "
                        f"grpo.sft_warmup.steps=0")
     return await play_oracle(self.env, self.tokenizer, tasks, self.renderer, self.agent,
-                             self.open_executor, self.max_new_tokens, self.max_in_flight)
+                             self.open_executor, int(self.config.rollout.max_new_tokens),
+                             self.max_in_flight)
