@@ -10,8 +10,10 @@ On this machine (variant `tiny`, the tiny local model, sync GRPO):
 
   python -m dockyard.launch --config=configs/swe_agent.py:tiny --workdir=workdirs/swe_agent
 
-Not measured to learn yet: the tiny model has no warm start for tool calls (the SFT warm start's
-gold answer is a patch, not a trajectory), so its episodes mostly end as invalid calls or answers.
+No SFT warm start by default; with `--config.grpo.sft_warmup.steps=N` it plays every train task's
+oracle (`SweAgentEnv.oracle_turns`: view and edit per gold hunk, then submit) as an episode in a
+session and trains on those trajectories (`dockyard.agent.oracle`); measured in
+docs/agent-episodes.md.
 """
 from configs import swe
 from dockyard import config_lib
@@ -27,11 +29,12 @@ def get_config(arg=None):
   config.env.code.reward = "resolved"
   # The agent prompt is the issue alone; the agent reads the code itself.
   config.env.code.issue_token_budget = 0 if full else 400
-  # No warm start: env.gold_completion is a single-shot patch, not a tool-call trajectory.
+  # No warm start by default; when asked for, it plays the train tasks' oracle episodes.
   config.grpo.sft_warmup.steps = 0
   # Each validation sample is a session too (its completion's calls, then submit).
   config.grpo.max_val_samples = 64 if full else 8
-  config.rollout.max_new_tokens = 1024 if full else 256   # per turn
+  # per turn; tiny: the tiny train tasks' oracle edit calls are 141-285 tokens
+  config.rollout.max_new_tokens = 1024 if full else 320
   if not full:   # the tools block is ~1,300 tokens of the tiny tokenizer; 4096: the tiny model's most
     config.policy.max_seq_len = 4096
     config.rollout.max_model_len = 4096

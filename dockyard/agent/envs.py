@@ -7,7 +7,10 @@ They live here, not in dockyard.envs, because they build on the agent's tools an
 
 `SweAgentEnv`: the SWE tasks; the prompt is the issue alone (the agent reads the code in its
 session), and submit grades the diff by the held-out tests in a fresh checkout (reward: the
-verdict's, resolved and zeroed by an integrity finding).
+verdict's, resolved and zeroed by an integrity finding). Its oracle (`swe_oracle_calls`) is the
+gold patch as an agent would make it: for each hunk, `view` the lines around it, then one `edit`
+whose `old_str` is the hunk's removed lines with the fewest context lines (at least
+`gold_context`) that make it occur exactly once in the file; then submit.
 
 `TerminalEnv`: Terminal-Bench-style shell tasks (`dockyard.data.terminal`) played in sandbox
 sessions; the task's checker, run after the episode, is the reward.
@@ -25,7 +28,9 @@ episodes in sessions (`dockyard.agent.oracle`), and `gold_completion` as one com
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
+
+import unidiff
 
 from dockyard.agent.episode import SessionExecutor, play_completion
 from dockyard.agent.tools import ToolCall, format_call
@@ -67,12 +72,60 @@ class SweAgentEnv(SweEnv):
             "malformed_fraction": sum(r.malformed for r in rewards) / n,
             "pass_rate": sum(float(p or 0.0) for p in rates) / n}
 
+  def oracle_turns(self, task: Mapping[str, Any]) -> list[str]:
+    """The gold patch as the model's turns (view and edit per hunk, then submit), which an agent
+    config's SFT warm start plays in a session (`dockyard.agent.oracle`)."""
+    return [format_call(c) for c in swe_oracle_calls(task["patch"], self._reader(task), self.gold_context)]
+
+  def gold_completion(self, task: Mapping[str, Any]) -> str:
+    """The oracle's calls as one completion (what `score` plays)."""
+    return "\n".join(self.oracle_turns(task))
+
   async def score(self, task: Mapping[str, Any], completion: str) -> Reward:
     reward = await play_completion(SessionExecutor(await self.open_session(task)), completion)
     verdict = reward.info.get("verdict") or {}
     reward.info.update(resolved=bool(verdict.get("resolved")), pass_rate=verdict.get("pass_rate", 0.0),
                        findings=verdict.get("findings") or [])
     return reward
+
+
+def swe_oracle_calls(patch: str, read: Callable[[str], str | None], context: int = 1,
+                     view_margin: int = 2) -> list[ToolCall]:
+  """A unified diff as an agent's calls: per hunk, `view` its lines (± `view_margin`), then `edit`
+  with the hunk's changed lines and the fewest surrounding context lines (>= `context`, within the
+  hunk) that make `old_str` occur exactly once in the file as the earlier edits left it; `submit`
+  last. `read(path)` returns a file at the base commit (None: a new file, written with `create`).
+  Raises ValueError when even the whole hunk does not occur exactly once."""
+  calls: list[ToolCall] = []
+  for f in unidiff.PatchSet(patch):
+    path = f.path
+    if f.is_removed_file:
+      calls.append(ToolCall("bash", {"command": f"rm {path}"}))
+      continue
+    text = None if f.is_added_file else read(path)
+    if text is None:
+      content = "".join(ln.value for h in f for ln in h if not ln.is_removed)
+      calls.append(ToolCall("create", {"path": path, "content": content}))
+      continue
+    for h in f:
+      lines = list(h)
+      changed = [i for i, ln in enumerate(lines) if not ln.is_context]
+      if not changed:
+        continue
+      for c in range(context, len(lines) + 1):
+        lo, hi = max(0, changed[0] - c), min(len(lines), changed[-1] + c + 1)
+        old = "".join(ln.value for ln in lines[lo:hi] if not ln.is_added)
+        if old and text.count(old) == 1:
+          break
+        if lo == 0 and hi == len(lines):
+          raise ValueError(f"{path}: hunk {h.source_start} does not occur exactly once in the file")
+      new = "".join(ln.value for ln in lines[lo:hi] if not ln.is_removed)
+      start = max(1, text[:text.index(old)].count("\n") + 1 - view_margin)
+      end = start + old.count("\n") + 2 * view_margin - 1
+      calls += [ToolCall("view", {"path": path, "start": start, "end": end}),
+                ToolCall("edit", {"path": path, "old_str": old, "new_str": new})]
+      text = text.replace(old, new, 1)
+  return calls + [ToolCall("submit", {})]
 
 
 def oracle_calls(task: Mapping[str, Any]) -> list[ToolCall]:

@@ -85,3 +85,23 @@ def test_the_swe_agent_prompt_is_the_issue_without_code():
   system, user = env.prompt_messages(task)
   assert "submit" in system["content"] and "/testbed" in user["content"]
   assert "add is wrong" in user["content"] and user["content"].count("very") < 10
+
+
+def test_the_swe_oracle_edits_with_the_fewest_context_lines_that_are_unique():
+  """Context grows until old_str occurs once in the file as the earlier edits left it; a new file is
+  created; view covers the edited lines."""
+  from dockyard.agent.envs import swe_oracle_calls
+  from dockyard.sandbox import synthetic as rf
+  old = "def f():\n  return 1\n\n\ndef g():\n  return 1\n\n\ndef h():\n  return 1\n"
+  new = old.replace("def g():\n  return 1", "def g():\n  return 2")
+  patch = rf.diff("m.py", old, new) + rf.diff("n.py", None, "X = 1\n")
+  calls = swe_oracle_calls(patch, {"m.py": old}.get, context=0)
+  assert [c.name for c in calls] == ["view", "edit", "create", "submit"]
+  view, edit, create = (c.arguments for c in calls[:3])
+  # context 0 ("  return 1") and its own line are not unique; one line each side is
+  assert edit["old_str"] == "def g():\n  return 1\n\n" and edit["new_str"] == "def g():\n  return 2\n\n"
+  assert old.replace(edit["old_str"], edit["new_str"]) == new
+  assert view == {"path": "m.py", "start": 3, "end": 9}   # lines 5-7 +- 2
+  assert create == {"path": "n.py", "content": "X = 1\n"}
+  with pytest.raises(ValueError, match="exactly once"):
+    swe_oracle_calls(rf.diff("m.py", "a\na\n", "a\nb\n"), {"m.py": "a\na\na\na\n"}.get)

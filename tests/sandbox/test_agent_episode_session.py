@@ -79,3 +79,35 @@ async def test_episode_groups_play_in_sessions_the_swe_env_opens(server, workspa
   assert [r.value for r in group.rewards] == [1.0, 1.0]
   assert all(r.info["verdict"]["resolved"] for r in group.rewards)
   assert all(0 < sum(c.loss_mask) < len(c.token_ids) for c in group.completions)
+
+
+async def test_the_swe_agent_oracle_resolves_its_task_in_a_session(server, workspace):
+  """SweAgentEnv's oracle (view + edit from the gold patch, then submit), played by the SFT warm
+  start's OracleGenerator in a real session: resolved, the trajectory token-exact; a task whose
+  gold patch does not fix it is reported, not kept."""
+  from dockyard.agent.envs import SweAgentEnv
+  from dockyard.agent.oracle import play_oracle
+  tok = transformers.AutoTokenizer.from_pretrained(tiny.make_tiny_model())
+  renderer = ChatRenderer(tok, SESSION_TOOLS)
+  env = SweAgentEnv(SandboxClient([server.url]), count_tokens=lambda s: len(tok.encode(s)),
+                    repos_dir=workspace["repos"])
+  good = dict(rf.task(workspace["base"], rf.gold_patch(), instance_id="oracle-good"),
+              problem_statement="calc.add subtracts; make it add.")
+  wrong = dict(good, instance_id="oracle-wrong", patch=rf.src_patch(
+      rf.CORE_BUGGY.replace("return a - b\n\n\ndef sub", "return a * b\n\n\ndef sub")))
+
+  async def open_executor(t):
+    return SessionExecutor(await env.open_session(t))
+  try:
+    played, failed = await play_oracle(env, tok, [good, wrong], renderer,
+                                       AgentConfig(max_turns=4, max_context_tokens=8192),
+                                       open_executor, max_tokens=256)
+  finally:
+    await env.close()
+  assert failed == ["oracle-wrong"] and len(played) == 1
+  ep = played[0]
+  assert ep.ending == "submitted" and ep.reward.info["verdict"]["resolved"], ep.messages
+  assert ep.tool_counts == {"view": 1, "edit": 1, "submit": 1} and ep.tool_errors == 0
+  results = [m["content"] for m in ep.messages if m["role"] == "tool"]
+  assert "def add(a, b):" in results[0] and not results[1].startswith("error")
+  assert check_against_template(renderer, ep.messages, ep.trajectory) is None
