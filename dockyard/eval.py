@@ -8,7 +8,8 @@ percentile-bootstrap interval over tasks (`dockyard.estimators`).
       [--config.policy.model_name_or_path=/path/to/hf/checkpoint]
 
 configs/eval.py names the local sets; `--config.run.mode=eval` on a training config does the same
-on that config's held-out split.
+on that config's held-out split. An agent config (one with an `agent` section) plays each sample as
+an episode in a session (`grpo.episodes.EpisodeGroups`), as its training and validation do.
 The runner calls `evaluate` in eval mode (the same validation of the config, the same parts, no
 trainer); this module imports nothing that leads back to the runner or the launcher.
 Writes eval.json (the numbers), eval_table.md (them as a Markdown table, also printed) and
@@ -30,7 +31,7 @@ TABLE = "eval_table.md"
 
 
 def sampled_pass_at_k(config, *, generator, env, tokenizer, tasks, loop, max_in_flight: int,
-                      records: list) -> dict:
+                      records: list, episodes=None) -> dict:
   """`eval.num_samples` completions per task at `eval.temperature`: pass@1 and pass@k with CIs."""
   from dockyard.grpo.harness import success_of
   from dockyard.grpo.step import collect_groups, score_groups
@@ -42,8 +43,13 @@ def sampled_pass_at_k(config, *, generator, env, tokenizer, tasks, loop, max_in_
   # samples come from the engine's generator, seeded once at its construction (run.seed).
   sampling = SamplingParams(temperature=float(eval_cfg.temperature), top_p=1.0,
                             max_tokens=rollout.max_new_tokens)
-  groups = collect_groups(generator, env, tokenizer, tasks, n, sampling)
-  loop.run_until_complete(score_groups(env, groups, max_in_flight))
+  if episodes is not None:
+    async def play():
+      return await asyncio.gather(*[episodes.group(t, sampling, n=n) for t in tasks])
+    groups = list(loop.run_until_complete(play()))
+  else:
+    groups = collect_groups(generator, env, tokenizer, tasks, n, sampling)
+    loop.run_until_complete(score_groups(env, groups, max_in_flight))
   ok = success_of(env)
   counts = []
   for g in groups:
@@ -68,6 +74,7 @@ def sampled_pass_at_k(config, *, generator, env, tokenizer, tasks, loop, max_in_
 
 
 def evaluate(config, *, generator, env, tokenizer, tasks, workdir: str) -> dict:
+  from dockyard.grpo.episodes import EpisodeGroups
   from dockyard.grpo.harness import run_validation
   if not tasks:
     raise ValueError("config.data.test: the test split has no tasks")
@@ -77,14 +84,18 @@ def evaluate(config, *, generator, env, tokenizer, tasks, workdir: str) -> dict:
   loop = asyncio.new_event_loop()
   samples: list[dict] = []
   sampled = None
+  episodes = (EpisodeGroups(config, generator=generator, env=env, tokenizer=tokenizer)
+              if "agent" in config else None)
   try:
     max_in_flight = int(config.env.code.max_in_flight)
-    metrics = run_validation(generator, env, tokenizer, tasks, sampling, loop, max_in_flight, samples=samples)
+    metrics = run_validation(generator, env, tokenizer, tasks, sampling, loop, max_in_flight, samples=samples,
+                             episodes=episodes)
     for s in samples:
       s["kind"] = f"val_T{rollout.val_temperature:g}"
     if int(config.eval.pass_k) > 0:
       sampled = sampled_pass_at_k(config, generator=generator, env=env, tokenizer=tokenizer, tasks=tasks,
-                                  loop=loop, max_in_flight=max_in_flight, records=samples)
+                                  loop=loop, max_in_flight=max_in_flight, records=samples,
+                                  episodes=episodes)
     loop.run_until_complete(env.close())
   finally:
     loop.close()

@@ -160,6 +160,41 @@ def test_validation_of_an_agent_config_plays_one_episode_per_task(tokenizer):
   assert episodes.metrics()["agent/turns"] > 1   # its own player's episodes
 
 
+def test_eval_of_an_agent_config_plays_episodes(tokenizer, tmp_path, monkeypatch):
+  """`run.mode=eval` on an agent config (dockyard.eval.evaluate): the greedy pass@1 and the sampled
+  pass@k are over episodes played in sessions, never single completions for `env.score`."""
+  from dockyard import eval as eval_lib
+
+  class SessionEnv(Env):
+    def is_success(self, reward):
+      return float(reward.info.get("raw_reward", reward.value)) >= 1.0
+
+    def validation_metrics(self, rewards):
+      return {"success_rate": sum(self.is_success(r) for r in rewards) / len(rewards)}
+
+    async def open_session(self, task):
+      raise AssertionError("replaced by Files below")
+
+    async def score(self, task, completion):
+      raise AssertionError("an agent config's eval plays episodes")
+
+  monkeypatch.setattr(EpisodeGroups, "_open_session", lambda self, task: open_files(task))
+  config = agent_config(**{"eval.pass_k": 2, "eval.num_samples": 4})
+  config.checkpoint.metric = "val/success_rate"
+  gen = scripted(tokenizer)
+  report = eval_lib.evaluate(config, generator=gen, env=SessionEnv(), tokenizer=tokenizer,
+                             tasks=TASKS, workdir=str(tmp_path))
+  rows = [json.loads(line) for line in open(tmp_path / eval_lib.SAMPLES)]
+  greedy = [r for r in rows if r["kind"] == "val_T0"]
+  sampled = [r for r in rows if r["kind"] == "sample_T1"]
+  assert len(greedy) == len(TASKS) and len(sampled) == 4 * len(TASKS)
+  assert all("<tool_call>" in r["completion"] for r in greedy + sampled)
+  assert len(gen.requests) > 5 * len(TASKS)   # a request per turn: several turns per episode
+  wins = sum(r["success"] for r in greedy)
+  assert 0 < wins < len(TASKS) and report["pass@1"] == report["rate"] == wins / len(TASKS)
+  assert report["sampled"]["pass@1"] == pytest.approx(sum(r["success"] for r in sampled) / len(sampled))
+
+
 def test_a_lost_session_replays_the_group_and_closes_every_executor(tokenizer):
   from dockyard.sandbox.client import SessionLost
   config = agent_config()
