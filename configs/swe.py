@@ -82,6 +82,9 @@ def get_config(arg=None):
           alpha=16.0,
           dropout=0.0,
           targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+          # JAX only: the frozen base held 'none' (as loaded), 'int8' (per output channel) or
+          # 'nf4' (QLoRA's 4-bit NormalFloat, blocks of 64), dequantized in the forward pass.
+          base_quant="none",
       ),
   )
 

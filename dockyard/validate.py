@@ -210,6 +210,12 @@ def validate(config: ml_collections.ConfigDict) -> None:
     if not config.policy.lora.enabled:
       raise ConfigError("refit.lora_mode", "'adapter' ships LoRA adapters to vLLM: it needs "
                         "policy.lora.enabled=True (without LoRA every refit is a full one)")
+    if config.policy.lora.get("base_quant", "none") != "none":
+      raise ConfigError("refit.lora_mode", f"'adapter' has vLLM serve the adapters on the HF "
+                        f"checkpoint's own base, but the trainer computes with a quantized one "
+                        f"(policy.lora.base_quant={config.policy.lora.base_quant!r}): the two would "
+                        f"differ by the quantization error; use lora_mode='merge' (it sends the "
+                        f"dequantized W + scale * B A the trainer uses)")
     if config.refit.transport == "nccl":
       raise ConfigError("refit.lora_mode", "'adapter' ships a PEFT adapter directory (through the "
                         "object store to a fleet), not weights over a broadcast: refit.transport='nccl' "
@@ -266,10 +272,14 @@ def _validate_policy(config) -> None:
   _validate_backend_and_model(config)
   from dockyard.models.lora import LoRAConfig   # stdlib + NumPy: nothing heavy loads here
   try:
-    LoRAConfig.from_config(config)
+    lora = LoRAConfig.from_config(config)
   except ValueError as err:   # "policy.lora.<key>: ..." -> the key it names
     key, _, message = str(err).partition(": ")
     raise ConfigError(key, message) from None
+  if lora is not None and lora.base_quant != "none" and config.policy.backend != "jax":
+    raise ConfigError("policy.lora.base_quant", f"{lora.base_quant!r} (a quantized base, QLoRA) is "
+                      f"the JAX trainer's; the torch backend's would be bitsandbytes, which has no "
+                      f"CPU path: set policy.backend='jax' or base_quant='none'")
 
 
 def _validate_backend_and_model(config) -> None:

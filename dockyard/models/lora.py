@@ -20,7 +20,10 @@ import numpy as np
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
 TARGETS = ATTENTION + MLP
-KEYS = ("enabled", "rank", "alpha", "dropout", "targets")
+KEYS = ("enabled", "rank", "alpha", "dropout", "targets", "base_quant")
+# How the frozen base is held (JAX trainer, `dockyard.trainer_jax.quant`): as loaded, int8 per
+# output channel, or QLoRA's 4-bit NormalFloat in blocks of 64.
+BASE_QUANTS = ("none", "int8", "nf4")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +32,7 @@ class LoRAConfig:
   alpha: float
   dropout: float
   targets: tuple[str, ...]
+  base_quant: str = "none"
 
   @property
   def scale(self) -> float:
@@ -45,7 +49,14 @@ class LoRAConfig:
     unknown = sorted(set(section.keys()) - set(KEYS))
     if unknown:
       raise ValueError(f"policy.lora: unknown keys {unknown} (known: {list(KEYS)})")
+    base_quant = section.get("base_quant", "none")
+    if base_quant not in BASE_QUANTS:
+      raise ValueError(f"policy.lora.base_quant: must be one of {list(BASE_QUANTS)}, got {base_quant!r}")
     if not section["enabled"]:
+      if base_quant != "none":
+        raise ValueError(f"policy.lora.base_quant: {base_quant!r} quantizes the frozen base under "
+                         f"LoRA; full fine-tuning trains the base, which stays as loaded: set "
+                         f"policy.lora.enabled=True or base_quant='none'")
       return None
     rank, alpha, dropout = section["rank"], section["alpha"], section["dropout"]
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
@@ -60,10 +71,13 @@ class LoRAConfig:
     if not targets or bad or len(set(targets)) != len(targets):
       raise ValueError(f"policy.lora.targets: must name distinct projections of {list(TARGETS)}, "
                        f"got {list(targets)}")
-    return cls(int(rank), float(alpha), float(dropout), targets)
+    return cls(int(rank), float(alpha), float(dropout), targets, str(base_quant))
 
   def to_json(self) -> dict:
-    return dict(rank=self.rank, alpha=self.alpha, dropout=self.dropout, targets=list(self.targets))
+    # base_quant is recorded, not matched on restore: adapters trained on a quantized base load
+    # onto the same base held otherwise (as QLoRA adapters are served on the fp16 base).
+    return dict(rank=self.rank, alpha=self.alpha, dropout=self.dropout, targets=list(self.targets),
+                base_quant=self.base_quant)
 
 
 def check_matches(saved: dict | None, current: LoRAConfig | None, where: str) -> None:

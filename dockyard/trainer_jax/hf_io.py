@@ -19,7 +19,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from dockyard.models import name_map
-from dockyard.trainer_jax import lora
+from dockyard.trainer_jax import lora, quant
 from dockyard.trainer_jax import sharding as shd
 from dockyard.trainer_jax.model import Decoder, ExpertBias, RouterStats
 from dockyard.models.model_config import ModelConfig
@@ -90,9 +90,11 @@ def from_hf(path: str, mesh=None, rules=(), *, dtype=jnp.float32, param_dtype=jn
 
 def named_params(model: Decoder) -> dict[str, jax.Array]:
   """NNX parameters by dotted path (the name-map's left column), as an HF checkpoint holds
-  them: LoRA adapters, if any, merged into their kernels (`kernel + scale * a . b`)."""
+  them: a quantized base (`policy.lora.base_quant`) dequantized, LoRA adapters, if any, merged
+  into their kernels (`kernel + scale * a . b`)."""
   out = {".".join(str(k) for k in key): v.get_value()
          for key, v in nnx.to_flat_state(nnx.state(model, lora.BASE_FILTER))}
+  out.update({k: quant.dequantized(v) for k, v in quant.quantized_weights(model).items()})
   out.update(lora.merged_kernels(model))
   return out
 

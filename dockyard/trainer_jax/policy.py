@@ -29,7 +29,7 @@ from dockyard import config_lib, packing
 from dockyard.policy import LossFn, Policy, TrainBatch, check_layout
 from dockyard.models import name_map
 from dockyard.models.lora import LoRAConfig, check_matches as check_lora_matches, write_peft_adapter
-from dockyard.trainer_jax import context_parallel, hf_io, lora, train
+from dockyard.trainer_jax import context_parallel, hf_io, lora, quant, train
 from dockyard.trainer_jax import moe as moe_lib
 from dockyard.trainer_jax import sharding as shd
 from dockyard.trainer_jax.checkpoint import Checkpointer
@@ -100,6 +100,8 @@ class JaxPolicy(Policy):
     lora_config = LoRAConfig.from_config(config)
     if lora_config is not None:  # adapters on the frozen base; the optimizer holds them alone
       lora.attach(model, lora_config, mesh, rules, seed=int(_get(config, "run.seed", 0)))
+      if lora_config.base_quant != "none":   # QLoRA: the frozen base held int8 / NF4
+        quant.quantize_base(model, lora_config.base_quant, mesh, rules)
     context_parallel.enable(model, context_parallel.make(mesh, rules))   # no-op without 'sequence'
     optimizer = train.make_optimizer(model, config.optim, total, mesh,
                                      wrt=nnx.Param if lora_config is None else lora.ADAPTER_FILTER)

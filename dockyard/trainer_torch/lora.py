@@ -17,6 +17,10 @@ ADAPTER = "default"   # peft's adapter name
 
 
 def inject(model: torch.nn.Module, cfg: LoRAConfig) -> torch.nn.Module:
+  if cfg.base_quant != "none":   # dockyard.validate refuses this first; a direct caller gets it here
+    raise ValueError(f"policy.lora.base_quant={cfg.base_quant!r}: a quantized base (QLoRA) is the JAX "
+                     f"trainer's; the torch backend's would be bitsandbytes, which has no CPU path: "
+                     f"use policy.backend='jax' or base_quant='none'")
   import peft
   peft_config = peft.LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
                                 target_modules=list(cfg.targets), bias="none")

@@ -54,6 +54,26 @@ def test_refit_lora_mode_is_checked():
   validate.validate(config)
 
 
+def test_base_quant_refusals_name_their_key():
+  for value in ("int8", "nf4"):
+    validate.validate(_config(base_quant=value))
+    assert lora.LoRAConfig.from_config(_config(base_quant=value)).base_quant == value
+  with pytest.raises(validate.ConfigError, match="config.policy.lora.base_quant: must be one of"):
+    validate.validate(_config(base_quant="fp8"))
+  full = swe.get_config("tiny")   # full fine-tuning trains the base: nothing to quantize
+  full.policy.lora.base_quant = "nf4"
+  with pytest.raises(validate.ConfigError, match="config.policy.lora.base_quant: .*policy.lora.enabled=True"):
+    validate.validate(full)
+  torch_cfg = swe.get_config("tiny,torch")
+  torch_cfg.policy.lora.update(enabled=True, base_quant="int8")
+  with pytest.raises(validate.ConfigError, match="config.policy.lora.base_quant: .*bitsandbytes.*no CPU path"):
+    validate.validate(torch_cfg)
+  adapter = _config(base_quant="nf4")   # vLLM would serve the adapters on the unquantized base
+  adapter.refit.lora_mode = "adapter"
+  with pytest.raises(validate.ConfigError, match="config.refit.lora_mode: .*base_quant='nf4'.*'merge'"):
+    validate.validate(adapter)
+
+
 def test_peft_layout_of_the_adapter_factors():
   """NNX a [*in dims, r] / b [r, *out dims] -> PEFT A [r, in] / B [out, r] such that B @ A is the
   HF layout of the NNX delta a . b, for each kernel shape the decoder has."""
