@@ -76,6 +76,9 @@ def smollm(config):
   config.policy.max_seq_len = 4096
   config.rollout.max_model_len = 4096
   config.rollout.cpu_kvcache_space_gib = 2   # 46 KB of KV a token: ~45k tokens
+  # One sequence per forward/backward: XLA:CPU allocates a step's temporaries at once, and 8 rows of
+  # ~1,500 tokens x 49,152 vocabulary asked for 42 GB (an SFT warm start step, measured).
+  config.optim.micro_batch_size = 1
 
 
 def get_hyper(h, arg=None):

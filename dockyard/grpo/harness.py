@@ -123,7 +123,7 @@ def run_validation(generator: Generator, env, tokenizer, tasks: Sequence[Mapping
   config's `grpo.episodes.EpisodeGroups`): each task is one episode played in a session, as
   training plays them (the completion is its turns and tool results), instead of one completion
   scored by `env.score`. `samples`, when given, receives one record per task: instance id,
-  completion text, reward, malformed, reason.
+  completion text and its token count, reward, malformed, reason (and an episode's ending).
   """
   run = loop if callable(loop) else loop.run_until_complete
   if episodes is not None:
@@ -137,8 +137,10 @@ def run_validation(generator: Generator, env, tokenizer, tasks: Sequence[Mapping
   if samples is not None:
     for g, r in zip(groups, rewards):
       samples.append(dict(instance_id=str(g.task.get("instance_id", "")), completion=g.texts[0],
+                          tokens=len(g.completions[0].token_ids),
                           reward=float(r.value), success=bool(success_of(env)(r)), malformed=bool(r.malformed),
-                          reason=str(r.info.get("reason", ""))))
+                          reason=str(r.info.get("reason", "")),
+                          **({"ending": str(r.info["ending"])} if "ending" in r.info else {})))
   out = {"val/reward_mean": float(np.mean([r.value for r in rewards])),
          "val/malformed_fraction": float(np.mean([r.malformed for r in rewards])),
          "val/completion_len_mean": float(np.mean([len(g.completions[0].token_ids) for g in groups]))}

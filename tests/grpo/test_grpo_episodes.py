@@ -154,6 +154,7 @@ def test_validation_of_an_agent_config_plays_one_episode_per_task(tokenizer):
     loop.close()
   assert len(samples) == len(TASKS) and len(gen.requests) > len(TASKS)   # several turns per episode
   assert all("<tool_call>" in s["completion"] for s in samples)
+  assert all(s["ending"] == "submitted" and s["tokens"] > 0 for s in samples), samples
   wins = sum(s["success"] for s in samples)
   assert 0 < wins < len(TASKS), samples
   assert val["val/success_rate"] == val["val/pass@1"] == wins / len(TASKS)
