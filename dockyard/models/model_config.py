@@ -1,5 +1,5 @@
 """The decoder's architecture as a dataclass, read from an HF `config.json` (Qwen2 / Qwen3 / Llama /
-Qwen3-MoE / Gemma 3 text).
+Qwen3-MoE / Gemma 3 text / Qwen3-Next).
 
 Pure Python (no JAX import): both trainers and the name-map (`name_map.py`) use it. Every
 knob the decoder and the name-map need lives here; anything in config.json that would change the
@@ -19,11 +19,12 @@ import numpy as np
 
 # model_type -> family. The families differ only in which optional pieces they use.
 FAMILIES = {"qwen2": "qwen2", "qwen3": "qwen3", "llama": "llama", "qwen3_moe": "qwen3_moe",
-            "gemma3_text": "gemma3"}
-MOE_FAMILIES = ("qwen3_moe",)
+            "gemma3_text": "gemma3", "qwen3_next": "qwen3_next"}
+MOE_FAMILIES = ("qwen3_moe", "qwen3_next")   # qwen3_next: when num_experts > 0
 ROPE_TYPES = ("default", "linear", "llama3")
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")   # SwiGLU / GeGLU (tanh-approximated GELU)
 GEMMA3_LAYER_TYPES = ("sliding_attention", "full_attention")
+QWEN3_NEXT_LAYER_TYPES = ("linear_attention", "full_attention")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +65,16 @@ class ModelConfig:
   sliding_window: int = 0         # keys a sliding layer's query sees, itself included
   sliding_layers: tuple = ()      # indices of the sliding-window layers; RoPE base rope_local_theta
   rope_local_theta: float = 0.0   # the sliding layers' RoPE base (no scaling)
+  # Qwen3-Next's pieces: Gated DeltaNet ("linear attention") layers beside gated full attention.
+  rotary_dim: int = 0             # > 0: RoPE turns only the first rotary_dim of each head (partial)
+  attn_output_gate: bool = False  # q_proj emits [query | gate] per head; output *= sigmoid(gate)
+  linear_layers: tuple = ()       # indices of the Gated DeltaNet layers; the others full attention
+  linear_num_key_heads: int = 0
+  linear_num_value_heads: int = 0
+  linear_key_head_dim: int = 0
+  linear_value_head_dim: int = 0
+  linear_conv_kernel: int = 0     # the causal depthwise conv1d's width over q/k/v
+  shared_expert_intermediate_size: int = 0   # > 0: each sparse block adds a sigmoid-gated shared expert
 
   @property
   def is_moe(self) -> bool:
@@ -101,10 +112,12 @@ class ModelConfig:
     rope_type = rope.get("rope_type", rope.get("type", "default")) or "default"
     if rope_type not in ROPE_TYPES:
       raise ValueError(f"config.json rope type {rope_type!r} is not implemented; supported: {ROPE_TYPES}")
-    if float(rope.get("partial_rotary_factor", 1.0)) != 1.0:
+    partial = float(rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)))
+    if partial != 1.0 and family != "qwen3_next":
       raise ValueError("config.json partial_rotary_factor != 1 is not implemented")
     attention_bias = bool(hf.get("attention_bias", False))
     moe = _moe_fields(hf, int(hf["num_hidden_layers"])) if family in MOE_FAMILIES else {}
+    nxt = _qwen3_next_fields(hf, int(hf["num_hidden_layers"]), head_dim, partial) if family == "qwen3_next" else {}
     return cls(
         family=family,
         vocab_size=int(hf["vocab_size"]),
@@ -125,11 +138,12 @@ class ModelConfig:
         qkv_bias=True if family == "qwen2" else attention_bias,
         o_bias=False if family == "qwen2" else attention_bias,
         mlp_bias=bool(hf.get("mlp_bias", False)) if family == "llama" else False,
-        qk_norm=family in ("qwen3", "qwen3_moe", "gemma3"),
+        qk_norm=family in ("qwen3", "qwen3_moe", "gemma3", "qwen3_next"),
         max_position_embeddings=int(hf.get("max_position_embeddings", 4096)),
         hidden_act=act,
         **moe,
         **gemma,
+        **nxt,
     )
 
   @classmethod
@@ -141,9 +155,9 @@ class ModelConfig:
       return cls.from_hf_config(json.load(f))
 
   def inv_freq(self, local: bool = False) -> np.ndarray:
-    """RoPE inverse frequencies [head_dim/2] in float32, as transformers computes them;
+    """RoPE inverse frequencies [rotary_dim/2] in float32, as transformers computes them;
     `local`: the sliding-window layers' (base rope_local_theta, unscaled)."""
-    d = self.head_dim
+    d = self.rotary_dim or self.head_dim
     theta = self.rope_local_theta if local else self.rope_theta
     inv = (1.0 / (theta ** (np.arange(0, d, 2, dtype=np.int64).astype(np.float32) / d))).astype(np.float32)
     if local:
@@ -166,10 +180,17 @@ class ModelConfig:
     """Parameter count (biases aside); `active`: counting only the top-k experts a token uses."""
     e, f, v = self.hidden_size, self.intermediate_size, self.vocab_size
     q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-    attn = e * (q + 2 * kv) + q * e + (4 if self.sandwich_norms else 2) * e
+    attn = e * (q * (2 if self.attn_output_gate else 1) + 2 * kv) + q * e + (4 if self.sandwich_norms else 2) * e
+    kd = self.linear_num_key_heads * self.linear_key_head_dim
+    vd = self.linear_num_value_heads * self.linear_value_head_dim
+    nv = self.linear_num_value_heads
+    linear = (e * (2 * kd + 2 * vd + 2 * nv) + (2 * kd + vd) * self.linear_conv_kernel + 2 * nv
+              + self.linear_value_head_dim + vd * e + 2 * e)
     experts = self.num_experts_per_tok if active else self.num_experts
-    sparse = e * self.num_experts + 3 * e * self.moe_intermediate_size * experts
-    layers = sum(attn + (sparse if i in self.moe_layers else 3 * e * f) for i in range(self.num_layers))
+    shared = 3 * e * self.shared_expert_intermediate_size + e if self.shared_expert_intermediate_size else 0
+    sparse = e * self.num_experts + 3 * e * self.moe_intermediate_size * experts + shared
+    layers = sum((linear if i in self.linear_layers else attn) + (sparse if i in self.moe_layers else 3 * e * f)
+                 for i in range(self.num_layers))
     return v * e * (1 if self.tie_word_embeddings else 2) + layers + e
 
 
@@ -177,6 +198,8 @@ def _moe_fields(hf: Mapping[str, Any], num_layers: int) -> dict:
   """Qwen3-MoE's expert knobs; a layer is sparse unless in `mlp_only_layers`, every
   `decoder_sparse_step`-th one (as transformers' Qwen3MoeDecoderLayer decides)."""
   experts = int(hf.get("num_experts") or hf.get("num_local_experts") or 0)
+  if experts < 1 and hf.get("model_type") == "qwen3_next":   # a dense Qwen3-Next: MLPs only
+    return {}
   if experts < 1:
     raise ValueError("config.json num_experts (or num_local_experts) must be >= 1 for qwen3_moe")
   top_k = int(hf.get("num_experts_per_tok", 0))
@@ -243,3 +266,43 @@ def _gemma3_fields(hf: Mapping[str, Any], num_layers: int) -> tuple[dict, dict]:
   return full, dict(norm_plus_one=True, sandwich_norms=True, embed_scale=True, query_pre_attn_scalar=scalar,
                     sliding_window=int(window) if sliding else 0, sliding_layers=sliding,
                     rope_local_theta=local_theta)
+
+
+def _qwen3_next_fields(hf: Mapping[str, Any], num_layers: int, head_dim: int, partial: float) -> dict:
+  """Qwen3-Next's knobs, as transformers' Qwen3NextConfig reads them: layers typed by
+  `layer_types`, else every `full_attention_interval`-th (default 4) is full attention and the
+  others Gated DeltaNet; RoPE over the first `partial_rotary_factor` of each head; the sparse
+  blocks' shared expert (when num_experts > 0)."""
+  if hf.get("attention_bias"):
+    raise ValueError("config.json attention_bias=True is not implemented for qwen3_next (no checkpoint has it)")
+  types = hf.get("layer_types")
+  if types is None:
+    interval = int(hf.get("full_attention_interval", 4))
+    if interval < 1:
+      raise ValueError(f"config.json full_attention_interval={interval} must be >= 1")
+    types = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(num_layers)]
+  if len(types) != num_layers or not set(types) <= set(QWEN3_NEXT_LAYER_TYPES):
+    raise ValueError(f"config.json layer_types must list {num_layers} entries of {QWEN3_NEXT_LAYER_TYPES}, "
+                     f"got {list(types)!r}")
+  rotary = int(head_dim * partial)
+  if not 0 < rotary <= head_dim or rotary % 2:
+    raise ValueError(f"config.json partial_rotary_factor={partial}: head_dim {head_dim} x it must be an even "
+                     f"number of dimensions in (0, head_dim]")
+  nk, nv = int(hf.get("linear_num_key_heads", 16)), int(hf.get("linear_num_value_heads", 32))
+  if nk < 1 or nv % nk:
+    raise ValueError(f"config.json linear_num_value_heads={nv} must be a multiple of linear_num_key_heads={nk}")
+  kernel = int(hf.get("linear_conv_kernel_dim", 4))
+  if kernel < 1:
+    raise ValueError(f"config.json linear_conv_kernel_dim={kernel} must be >= 1")
+  shared = 0
+  if int(hf.get("num_experts") or 0) > 0:
+    shared = int(hf.get("shared_expert_intermediate_size", 0))
+    if shared < 1:
+      raise ValueError(f"config.json shared_expert_intermediate_size={shared} must be >= 1 (the sparse "
+                       f"blocks always add a shared expert)")
+  return dict(norm_plus_one=True, attn_output_gate=True, rotary_dim=0 if rotary == head_dim else rotary,
+              linear_layers=tuple(i for i, t in enumerate(types) if t == "linear_attention"),
+              linear_num_key_heads=nk, linear_num_value_heads=nv,
+              linear_key_head_dim=int(hf.get("linear_key_head_dim", 128)),
+              linear_value_head_dim=int(hf.get("linear_value_head_dim", 128)),
+              linear_conv_kernel=kernel, shared_expert_intermediate_size=shared)

@@ -1,15 +1,21 @@
 """The one place that knows HF parameter names: NNX parameter path <-> HF name + layout transform.
 
-One table per family (Qwen2 / Qwen3 / Llama / Qwen3-MoE / Gemma 3 share the decoder layout and
-differ in optional pieces: q/k/v bias, o bias, MLP bias, q/k norm, tied embeddings, sparse layers,
-Gemma's pre/post-feedforward norms). Each
-`Entry` says how an HF tensor becomes the NNX array and back:
+One table per family (Qwen2 / Qwen3 / Llama / Qwen3-MoE / Gemma 3 / Qwen3-Next share the decoder
+layout and differ in optional pieces: q/k/v bias, o bias, MLP bias, q/k norm, tied embeddings,
+sparse layers, Gemma's pre/post-feedforward norms, Qwen3-Next's Gated DeltaNet layers and shared
+experts). Each `Entry` says how an HF tensor becomes the NNX array and back:
 
   identity     same layout (embeddings, norms, o/mlp biases)
   transpose    HF Linear [out, in]  <-> NNX kernel [in, out]           (MLP, lm_head)
   heads_in     HF [heads*head_dim, embed] <-> NNX [embed, heads, head_dim]  (q/k/v proj)
   heads_out    HF [embed, heads*head_dim] <-> NNX [heads, head_dim, embed]  (o proj)
   heads_bias   HF [heads*head_dim] <-> NNX [heads, head_dim]          (q/k/v bias)
+  conv         HF Conv1d [channels, 1, width] <-> NNX [width, channels]  (Gated DeltaNet conv1d)
+
+Qwen3-Next's q_proj is `heads_in` with head_dim doubled ([query | gate] per head, HF's order);
+its Gated DeltaNet input projections are `heads_in` over the key heads (HF groups q, k, v, z and
+b, a by key head, see `trainer_jax.model.GatedDeltaNet`); `mtp.*` tensors (the multi-token
+prediction head, which transformers also ignores) are skipped on load.
 
 An entry with `expert >= 0` is one slice of a stacked NNX expert kernel [experts, in, out]: HF
 checkpoints (and vLLM) name each expert's Linear apart (`mlp.experts.{j}.gate_proj.weight`, the
@@ -32,7 +38,7 @@ import numpy as np
 
 from dockyard.models.model_config import ModelConfig
 
-TRANSFORMS = ("identity", "transpose", "heads_in", "heads_out", "heads_bias")
+TRANSFORMS = ("identity", "transpose", "heads_in", "heads_out", "heads_bias", "conv")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,23 +50,49 @@ class Entry:
   expert: int = -1  # >= 0: this HF tensor is slice [expert] of the NNX array
 
 
+def _linear_attn_entries(n: str, h: str, c: ModelConfig) -> list[Entry]:
+  """A Qwen3-Next Gated DeltaNet layer (NNX `linear_attn`, HF `linear_attn`)."""
+  nk, nv = c.linear_num_key_heads, c.linear_num_value_heads
+  return [
+      Entry(f"{n}.linear_attn.in_proj_qkvz.kernel", f"{h}.linear_attn.in_proj_qkvz.weight", "heads_in", nk),
+      Entry(f"{n}.linear_attn.in_proj_ba.kernel", f"{h}.linear_attn.in_proj_ba.weight", "heads_in", nk),
+      Entry(f"{n}.linear_attn.conv1d", f"{h}.linear_attn.conv1d.weight", "conv"),
+      Entry(f"{n}.linear_attn.dt_bias", f"{h}.linear_attn.dt_bias", "identity"),
+      Entry(f"{n}.linear_attn.A_log", f"{h}.linear_attn.A_log", "identity"),
+      Entry(f"{n}.linear_attn.norm.scale", f"{h}.linear_attn.norm.weight", "identity"),
+      Entry(f"{n}.linear_attn.out_proj.kernel", f"{h}.linear_attn.out_proj.weight", "heads_out", nv),
+  ]
+
+
 def _layer_entries(i: int, c: ModelConfig) -> list[Entry]:
   n, h = f"layers.{i}", f"model.layers.{i}"
   out = [
       Entry(f"{n}.input_norm.scale", f"{h}.input_layernorm.weight", "identity"),
       Entry(f"{n}.post_attn_norm.scale", f"{h}.post_attention_layernorm.weight", "identity"),
-      Entry(f"{n}.attn.q_proj.kernel", f"{h}.self_attn.q_proj.weight", "heads_in", c.num_heads),
-      Entry(f"{n}.attn.k_proj.kernel", f"{h}.self_attn.k_proj.weight", "heads_in", c.num_kv_heads),
-      Entry(f"{n}.attn.v_proj.kernel", f"{h}.self_attn.v_proj.weight", "heads_in", c.num_kv_heads),
-      Entry(f"{n}.attn.o_proj.kernel", f"{h}.self_attn.o_proj.weight", "heads_out", c.num_heads),
   ]
+  linear = i in c.linear_layers
+  if linear:
+    out += _linear_attn_entries(n, h, c)
+  else:
+    out += [
+        Entry(f"{n}.attn.q_proj.kernel", f"{h}.self_attn.q_proj.weight", "heads_in", c.num_heads),
+        Entry(f"{n}.attn.k_proj.kernel", f"{h}.self_attn.k_proj.weight", "heads_in", c.num_kv_heads),
+        Entry(f"{n}.attn.v_proj.kernel", f"{h}.self_attn.v_proj.weight", "heads_in", c.num_kv_heads),
+        Entry(f"{n}.attn.o_proj.kernel", f"{h}.self_attn.o_proj.weight", "heads_out", c.num_heads),
+    ]
   if i in c.moe_layers:
     out.append(Entry(f"{n}.mlp.router.kernel", f"{h}.mlp.gate.weight", "transpose"))
     out += [Entry(f"{n}.mlp.{p}", f"{h}.mlp.experts.{j}.{p}.weight", "transpose", expert=j)
             for j in range(c.num_experts) for p in ("gate_proj", "up_proj", "down_proj")]
+    if c.shared_expert_intermediate_size:
+      out += [Entry(f"{n}.mlp.shared_expert.{p}.kernel", f"{h}.mlp.shared_expert.{p}.weight", "transpose")
+              for p in ("gate_proj", "up_proj", "down_proj")]
+      out.append(Entry(f"{n}.mlp.shared_expert_gate.kernel", f"{h}.mlp.shared_expert_gate.weight", "transpose"))
   else:
     out += [Entry(f"{n}.mlp.{p}.kernel", f"{h}.mlp.{p}.weight", "transpose")
             for p in ("gate_proj", "up_proj", "down_proj")]
+  if linear:   # no q/k/v/o projections in a Gated DeltaNet layer (qwen3_next has no biases)
+    return out
   if c.qkv_bias:
     out += [
         Entry(f"{n}.attn.q_proj.bias", f"{h}.self_attn.q_proj.bias", "heads_bias", c.num_heads),
@@ -87,7 +119,7 @@ def _layer_entries(i: int, c: ModelConfig) -> list[Entry]:
 
 def table(config: ModelConfig) -> list[Entry]:
   """The full name table of one model, in HF's parameter order (embeddings, layers, norm, head)."""
-  if config.family not in ("qwen2", "qwen3", "llama", "qwen3_moe", "gemma3"):
+  if config.family not in ("qwen2", "qwen3", "llama", "qwen3_moe", "gemma3", "qwen3_next"):
     raise ValueError(f"no name-map table for family {config.family!r}")
   entries = [Entry("embed.embedding", "model.embed_tokens.weight", "identity")]
   for i in range(config.num_layers):
@@ -136,6 +168,8 @@ def hf_to_nnx_array(entry: Entry, x: np.ndarray) -> np.ndarray:
     return x.T.reshape(entry.heads, x.shape[1] // entry.heads, x.shape[0])
   if t == "heads_bias":
     return x.reshape(entry.heads, x.shape[0] // entry.heads)
+  if t == "conv":   # [C, 1, K] -> [K, C]
+    return x[:, 0, :].T
   raise ValueError(f"unknown transform {t!r} for {entry.hf}")
 
 
@@ -151,6 +185,8 @@ def nnx_to_hf_array(entry: Entry, x: np.ndarray) -> np.ndarray:
     out = x.reshape(-1, x.shape[-1]).T
   elif t == "heads_bias":
     out = x.reshape(-1)
+  elif t == "conv":   # [K, C] -> [C, 1, K]
+    out = x.T[:, None, :]
   else:
     raise ValueError(f"unknown transform {t!r} for {entry.nnx}")
   return np.ascontiguousarray(out)  # safetensors and torch.from_numpy need C order
@@ -192,7 +228,8 @@ def from_hf(hf_tensors: Mapping[str, np.ndarray], config: ModelConfig) -> dict[s
     raise KeyError(f"checkpoint lacks {len(missing)} tensors the {config.family} model needs, "
                    f"e.g. {missing[:3]}")
   known = {e.hf for e in entries} | {"lm_head.weight"}
-  extra = sorted(n for n in hf_tensors if n not in known and "rotary_emb" not in n)
+  extra = sorted(n for n in hf_tensors if n not in known and "rotary_emb" not in n
+                 and not (config.family == "qwen3_next" and n.startswith("mtp.")))
   if extra:
     raise KeyError(f"checkpoint has tensors the {config.family} model does not use: {extra[:5]}")
   slices: dict[str, dict[int, np.ndarray]] = {}

@@ -28,6 +28,7 @@ FAMILIES = {
     "llama": "LlamaForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "gemma3": "Gemma3ForCausalLM",   # model_type gemma3_text
+    "qwen3_next": "Qwen3NextForCausalLM",
 }
 # Qwen3-MoE's extra knobs and their tiny defaults (a spec may override them; other families
 # ignore them): 8 experts of width 64, 2 per token.
@@ -35,6 +36,14 @@ MOE_DEFAULTS = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=
 # Gemma 3's (text) knobs and their tiny defaults: every 2nd layer full attention, the others slide
 # over 16 keys; query_pre_attn_scalar 64 differs from head_dim (32) so that the scale matters.
 GEMMA3_DEFAULTS = dict(sliding_window=16, sliding_window_pattern=2, query_pre_attn_scalar=64)
+# Qwen3-Next's knobs and their tiny defaults: every 2nd layer full (gated) attention, the others
+# Gated DeltaNet with 2 key / 4 value heads of 32 (each key head serves two value heads), RoPE over
+# a quarter of each head, and sparse blocks of 8 experts + a shared expert; num_experts=0 makes
+# every layer a dense MLP.
+QWEN3_NEXT_DEFAULTS = dict(
+    full_attention_interval=2, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
+    linear_value_head_dim=32, linear_conv_kernel_dim=4, partial_rotary_factor=0.25, num_experts=8,
+    num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=64, norm_topk_prob=True)
 
 DEFAULT_SPEC = dict(
     family="qwen2", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
@@ -110,6 +119,17 @@ def make_hf_config(spec: Mapping):
         rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
         **common)
+  if family == "qwen3_next":
+    n = {**QWEN3_NEXT_DEFAULTS, **spec}
+    return transformers.Qwen3NextConfig(
+        head_dim=spec["hidden_size"] // spec["num_attention_heads"],
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0,
+                         "partial_rotary_factor": n["partial_rotary_factor"]},
+        layer_types=["linear_attention" if (i + 1) % n["full_attention_interval"] else "full_attention"
+                     for i in range(spec["num_hidden_layers"])],
+        decoder_sparse_step=1, mlp_only_layers=[],
+        **{k: n[k] for k in QWEN3_NEXT_DEFAULTS if k not in ("full_attention_interval", "partial_rotary_factor")},
+        **common)
   if family == "qwen3_moe":
     moe = {**MOE_DEFAULTS, **spec}
     return transformers.Qwen3MoeConfig(
@@ -130,6 +150,8 @@ def make_tiny_model(spec: Mapping | None = None, out_dir: str | None = None, see
     spec = {**MOE_DEFAULTS, **spec}
   if spec["family"] == "gemma3":
     spec = {**GEMMA3_DEFAULTS, **spec}
+  if spec["family"] == "qwen3_next":
+    spec = {**QWEN3_NEXT_DEFAULTS, **spec}
   named = {k: v for k, v in spec.items() if k != "tokenizer_from" or v}   # '' keeps the older keys
   key = hashlib.sha256(json.dumps({**named, "seed": seed, "v": 1}, sort_keys=True).encode()).hexdigest()[:12]
   out_dir = out_dir or os.path.join(cache_root(), "models", f"tiny-{spec['family']}-{key}")

@@ -1,10 +1,12 @@
-"""The Flax NNX decoder for the Qwen2 / Qwen3 / Llama / Qwen3-MoE / Gemma 3 (text) family.
+"""The Flax NNX decoder for the Qwen2 / Qwen3 / Llama / Qwen3-MoE / Gemma 3 (text) / Qwen3-Next family.
 
 RMSNorm, RoPE (default / linear / llama3 scaling), grouped-query attention, SwiGLU, Qwen2's q/k/v
 bias, Qwen3's q/k norm, tied or untied embeddings, Qwen3-MoE's sparse layers (`MoE`: top-k
 routing, experts as a grouped GEMM), Gemma 3's pieces (scaled embeddings, (1 + w) RMSNorm, four
-norms per layer, GeGLU, query_pre_attn_scalar, sliding-window layers with their own RoPE base);
-all chosen by `ModelConfig`. Parameters carry logical axis names only ('vocab', 'embed', 'mlp',
+norms per layer, GeGLU, query_pre_attn_scalar, sliding-window layers with their own RoPE base),
+Qwen3-Next's (Gated DeltaNet layers, `GatedDeltaNet`, with the delta rule of
+`dockyard.trainer_jax.gated_deltanet`; full attention with an output gate and partial RoPE;
+sparse blocks with a shared expert); all chosen by `ModelConfig`. Parameters carry logical axis names only ('vocab', 'embed', 'mlp',
 'heads', 'expert'); the mesh and the rules that map them to devices are applied at the edge
 (`dockyard.trainer_jax.sharding`). The parameter paths here are the left column of
 `dockyard.models.name_map`.
@@ -18,6 +20,7 @@ from flax import nnx
 
 from dockyard.models.model_config import ModelConfig
 from dockyard.trainer_jax import context_parallel
+from dockyard.trainer_jax import gated_deltanet
 
 _INIT = nnx.initializers.normal(0.02)
 
@@ -101,7 +104,11 @@ def rope_cos_sin(positions, inv_freq):
 
 
 def apply_rope(x, cos, sin):
-  """x [B, T, H, D]; rotate-half RoPE as in transformers' Llama/Qwen."""
+  """x [B, T, H, D]; rotate-half RoPE as in transformers' Llama/Qwen. cos/sin narrower than D
+  (Qwen3-Next's partial RoPE) turn the first cos.shape[-1] dimensions; the rest pass through."""
+  rot = cos.shape[-1]
+  if rot < x.shape[-1]:
+    return jnp.concatenate([apply_rope(x[..., :rot], cos, sin), x[..., rot:]], axis=-1)
   half = x.shape[-1] // 2
   rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
   cos, sin = cos[:, :, None, :].astype(x.dtype), sin[:, :, None, :].astype(x.dtype)
@@ -158,11 +165,15 @@ def segment_attention(q, k, v, segment_ids, window: int | None, *, scale: float 
 
 
 class Attention(nnx.Module):
-  """`sliding`: this layer sees only the last `c.sliding_window` keys (Gemma 3's local layers)."""
+  """`sliding`: this layer sees only the last `c.sliding_window` keys (Gemma 3's local layers).
+  `c.attn_output_gate` (Qwen3-Next): q_proj's heads are [query | gate], 2 x head_dim wide, and the
+  attention's output is scaled by sigmoid(gate) before o_proj."""
 
   def __init__(self, c: ModelConfig, *, dtype, param_dtype, rngs, sliding: bool = False):
     kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-    self.q_proj = HeadsProj(c.hidden_size, c.num_heads, c.head_dim, c.qkv_bias, **kw)
+    self.output_gate = c.attn_output_gate
+    q_width = c.head_dim * (2 if c.attn_output_gate else 1)
+    self.q_proj = HeadsProj(c.hidden_size, c.num_heads, q_width, c.qkv_bias, **kw)
     self.k_proj = HeadsProj(c.hidden_size, c.num_kv_heads, c.head_dim, c.qkv_bias, **kw)
     self.v_proj = HeadsProj(c.hidden_size, c.num_kv_heads, c.head_dim, c.qkv_bias, **kw)
     self.o_proj = OutProj(c.num_heads, c.head_dim, c.hidden_size, c.o_bias, **kw)
@@ -181,6 +192,9 @@ class Attention(nnx.Module):
 
   def __call__(self, x, cos, sin, lengths, segments=None):
     q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+    gate = None
+    if self.output_gate:
+      q, gate = q[..., :self.head_dim], q[..., self.head_dim:]
     if self.q_norm is not None:  # Qwen3 normalizes per head before RoPE
       q, k = self.q_norm(q), self.k_norm(k)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -196,15 +210,94 @@ class Attention(nnx.Module):
       out = jax.nn.dot_product_attention(q, k, v, scale=self.logit_scale, is_causal=True,
                                          key_value_seq_lengths=lengths,
                                          local_window_size=_local_window(self.sliding_window))
+    if gate is not None:
+      out = out * jax.nn.sigmoid(gate)
     return self.o_proj(out)
 
 
-class MLP(nnx.Module):
+class GatedRMSNorm(nnx.Module):
+  """Qwen3-Next's gated norm of the delta rule's output, per value head: scale * rms_norm(x) *
+  silu(gate), the statistics and the gate in fp32 (transformers' Qwen3NextRMSNormGated). Its
+  scale initialises to 1 (not zero-centred like the model's other norms)."""
+
+  def __init__(self, dim: int, eps: float, *, param_dtype, rngs: nnx.Rngs):
+    self.scale = _param(rngs, (dim,), (None,), param_dtype, nnx.initializers.ones_init())
+    self.eps = eps
+
+  def __call__(self, x, gate):
+    dtype = x.dtype
+    xf = x.astype(jnp.float32)
+    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+    y = self.scale.astype(dtype) * xf.astype(dtype)
+    return (y * jax.nn.silu(gate.astype(jnp.float32))).astype(dtype)
+
+
+class GatedDeltaNet(nnx.Module):
+  """Qwen3-Next's linear-attention layer: in_proj_qkvz / in_proj_ba -> causal depthwise conv over
+  q/k/v (+ SiLU) -> the gated delta rule (`gated_deltanet.chunked_delta_rule`), with decay
+  g = -exp(A_log) * softplus(a + dt_bias) and write strength beta = sigmoid(b) per value head ->
+  gated RMSNorm (gate z) -> out_proj.
+
+  The input projections keep HF's grouping by key head: for each of the nk key heads,
+  in_proj_qkvz emits [q (dk) | k (dk) | v (r*dv) | z (r*dv)] and in_proj_ba [b (r) | a (r)], where
+  r = nv / nk value heads share that key head; so their kernels are [embed, nk, width]
+  (`HeadsProj`, the name map's `heads_in`). The conv kernel is [width, channels] over the
+  channels [q (nk*dk) | k (nk*dk) | v (nv*dv)]."""
+
   def __init__(self, c: ModelConfig, *, dtype, param_dtype, rngs):
+    nk, nv = c.linear_num_key_heads, c.linear_num_value_heads
+    dk, dv = c.linear_key_head_dim, c.linear_value_head_dim
+    r = nv // nk
+    kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    self.in_proj_qkvz = HeadsProj(c.hidden_size, nk, 2 * dk + 2 * r * dv, False, **kw)
+    self.in_proj_ba = HeadsProj(c.hidden_size, nk, 2 * r, False, **kw)
+    channels = 2 * nk * dk + nv * dv
+    self.conv1d = _param(rngs, (c.linear_conv_kernel, channels), (None, None), param_dtype)
+    self.dt_bias = _param(rngs, (nv,), (None,), param_dtype, nnx.initializers.ones_init())
+    # A = 4 at init (transformers draws A from U(0.01, 16)); a checkpoint brings its own.
+    self.A_log = _param(rngs, (nv,), (None,), param_dtype, nnx.initializers.constant(float(np.log(4.0))))
+    self.norm = GatedRMSNorm(dv, c.rms_norm_eps, param_dtype=param_dtype, rngs=rngs)
+    self.out_proj = OutProj(nv, dv, c.hidden_size, False, **kw)
+    self.nk, self.nv, self.dk, self.dv = nk, nv, dk, dv
+    self.dtype = dtype
+
+  def __call__(self, x, cos, sin, lengths, segments=None):
+    """x [B, T, embed]; cos/sin unused (no RoPE here); `lengths` [B]: right padding, whose tokens
+    are zeroed first (as transformers does); packed `segments` are refused (see gated_deltanet)."""
+    if segments is not None:
+      raise ValueError("Gated DeltaNet layers do not take packed rows (the recurrence would carry "
+                       "state across segments): qwen3_next needs policy.packing_row_tokens=0")
+    b, t, _ = x.shape
+    nk, nv, dk, dv, r = self.nk, self.nv, self.dk, self.dv, self.nv // self.nk
+    if lengths is not None:
+      x = x * (jnp.arange(t)[None, :] < lengths[:, None])[..., None].astype(x.dtype)
+    qkvz = self.in_proj_qkvz(x)                                     # [B, T, nk, 2dk + 2r dv]
+    q, k = qkvz[..., :dk], qkvz[..., dk:2 * dk]
+    v = qkvz[..., 2 * dk:2 * dk + r * dv].reshape(b, t, nv, dv)
+    z = qkvz[..., 2 * dk + r * dv:].reshape(b, t, nv, dv)
+    ba = self.in_proj_ba(x)                                         # [B, T, nk, 2r]
+    beta = jax.nn.sigmoid(ba[..., :r].reshape(b, t, nv))
+    a = ba[..., r:].reshape(b, t, nv)
+    mixed = jnp.concatenate([q.reshape(b, t, -1), k.reshape(b, t, -1), v.reshape(b, t, -1)], axis=-1)
+    mixed = jax.nn.silu(gated_deltanet.causal_conv1d(mixed, self.conv1d[...].astype(self.dtype)))
+    q = mixed[..., :nk * dk].reshape(b, t, nk, dk)
+    k = mixed[..., nk * dk:2 * nk * dk].reshape(b, t, nk, dk)
+    v = mixed[..., 2 * nk * dk:].reshape(b, t, nv, dv)
+    g = -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(
+        a.astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32))
+    if r > 1:   # each key head serves its r value heads (adjacent, as HF groups them)
+      q, k = jnp.repeat(q, r, axis=2), jnp.repeat(k, r, axis=2)
+    out, _ = gated_deltanet.chunked_delta_rule(q, k, v, g, beta)
+    return self.out_proj(self.norm(out, z))
+
+
+class MLP(nnx.Module):
+  def __init__(self, c: ModelConfig, *, dtype, param_dtype, rngs, intermediate_size: int | None = None):
     kw = dict(bias=c.mlp_bias, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-    self.gate_proj = Dense(c.hidden_size, c.intermediate_size, ("embed", "mlp"), **kw)
-    self.up_proj = Dense(c.hidden_size, c.intermediate_size, ("embed", "mlp"), **kw)
-    self.down_proj = Dense(c.intermediate_size, c.hidden_size, ("mlp", "embed"), **kw)
+    f = intermediate_size or c.intermediate_size
+    self.gate_proj = Dense(c.hidden_size, f, ("embed", "mlp"), **kw)
+    self.up_proj = Dense(c.hidden_size, f, ("embed", "mlp"), **kw)
+    self.down_proj = Dense(f, c.hidden_size, ("mlp", "embed"), **kw)
     self.hidden_act = c.hidden_act
 
   def __call__(self, x):
@@ -235,6 +328,7 @@ class MoE(nnx.Module):
   three projections is one `jax.lax.ragged_dot` over the contiguous groups. Expert kernels are
   [experts, in, out] with the logical axis 'expert' first, so an expert mesh axis splits them
   (XLA partitions `ragged_dot` along its group dimension: each device runs its own experts).
+  Qwen3-Next adds a shared expert (a SwiGLU every token takes) scaled by sigmoid(shared_expert_gate(x)).
   """
 
   def __init__(self, c: ModelConfig, *, dtype, param_dtype, rngs):
@@ -251,6 +345,12 @@ class MoE(nnx.Module):
     self.tokens = RouterStats(jnp.zeros((), jnp.float32))       # real tokens routed
     self.top_k, self.norm_topk_prob, self.num_experts = c.num_experts_per_tok, c.norm_topk_prob, e
     self.dtype = dtype
+    if c.shared_expert_intermediate_size:
+      self.shared_expert = MLP(c, dtype=dtype, param_dtype=param_dtype, rngs=rngs,
+                               intermediate_size=c.shared_expert_intermediate_size)
+      self.shared_expert_gate = Dense(d, 1, ("embed", None), False, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    else:
+      self.shared_expert = self.shared_expert_gate = None
 
   def __call__(self, x, token_mask):
     """x [B, T, embed]; token_mask [B, T] (1 = a real token: only those count in the statistics)."""
@@ -275,6 +375,8 @@ class MoE(nnx.Module):
     ys = jax.lax.ragged_dot(jax.nn.silu(gate) * up, self.down_proj[...].astype(self.dtype), sizes)
     ys = ys * weights.reshape(-1)[order][:, None].astype(ys.dtype)
     out = jnp.zeros_like(xf).at[token].add(ys)
+    if self.shared_expert is not None:
+      out = out + jax.nn.sigmoid(self.shared_expert_gate(xf)) * self.shared_expert(xf)
 
     valid = token_mask.reshape(-1).astype(jnp.float32)
     self.load[...] = jnp.zeros((self.num_experts,), jnp.float32).at[idx].add(
@@ -288,13 +390,18 @@ class MoE(nnx.Module):
 class DecoderLayer(nnx.Module):
   """Pre-norm block. With `c.sandwich_norms` (Gemma) `post_attn_norm` normalises the attention's
   output before the residual add, and `pre_ffw_norm` / `post_ffw_norm` wrap the MLP the same way;
-  otherwise `post_attn_norm` is the MLP's input norm (HF's `post_attention_layernorm` either way)."""
+  otherwise `post_attn_norm` is the MLP's input norm (HF's `post_attention_layernorm` either way).
+  A Qwen3-Next linear layer has `linear_attn` (a `GatedDeltaNet`) where the others have `attn`."""
 
   def __init__(self, c: ModelConfig, *, dtype, param_dtype, rngs, index: int = 0):
     def norm():
       return RMSNorm(c.hidden_size, c.rms_norm_eps, param_dtype=param_dtype, rngs=rngs, plus_one=c.norm_plus_one)
     self.input_norm = norm()
-    self.attn = Attention(c, dtype=dtype, param_dtype=param_dtype, rngs=rngs, sliding=index in c.sliding_layers)
+    if index in c.linear_layers:
+      self.attn, self.linear_attn = None, GatedDeltaNet(c, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    else:
+      self.attn = Attention(c, dtype=dtype, param_dtype=param_dtype, rngs=rngs, sliding=index in c.sliding_layers)
+      self.linear_attn = None
     self.post_attn_norm = norm()
     sparse = index in c.moe_layers
     self.mlp = (MoE if sparse else MLP)(c, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
@@ -307,7 +414,8 @@ class DecoderLayer(nnx.Module):
     if self.pre_ffw_norm is not None:   # Gemma's sandwich (dense MLP only: no Gemma MoE exists)
       x = x + self.post_attn_norm(self.attn(self.input_norm(x), cos, sin, lengths, segments))
       return x + self.post_ffw_norm(self.mlp(self.pre_ffw_norm(x)))
-    x = x + self.attn(self.input_norm(x), cos, sin, lengths, segments)
+    mixer = self.attn if self.attn is not None else self.linear_attn
+    x = x + mixer(self.input_norm(x), cos, sin, lengths, segments)
     h = self.post_attn_norm(x)
     if isinstance(self.mlp, MoE):  # the router's statistics count real tokens only
       real = (segments[0] > 0 if segments is not None      # packed rows: segment 0 is padding
