@@ -66,8 +66,14 @@ def make(mesh, rules) -> SeqParallel | None:
 
 
 def enable(model, sp: SeqParallel | None) -> None:
-  """Makes every attention layer of `model` (a `Decoder`) context-parallel under `sp`."""
+  """Makes every attention layer of `model` (a `Decoder`) context-parallel under `sp`. Qwen3-Next's
+  Gated DeltaNet layers (no `attn`) have no split form: a 'sequence' axis is refused for them."""
   for layer in model.layers:
+    if layer.attn is None:
+      if sp is not None:
+        raise ValueError("context parallelism (a 'sequence' mesh axis) is not implemented for Gated "
+                         "DeltaNet layers (qwen3_next): their recurrence runs over the whole row")
+      continue
     layer.attn.seq_parallel = sp
 
 
