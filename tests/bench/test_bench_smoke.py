@@ -43,17 +43,24 @@ def test_benches_found():
 SMOKED_ELSEWHERE = {"peer_trl"}
 
 
+# Benches with a second mode: each mode is smoked too.
+MODES = {"trainer": ["--moe"]}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [b for b in BENCHES if b not in SMOKED_ELSEWHERE])
-def test_bench_smoke_reaches_result(name):
-  cmd = [sys.executable, f"bench/{name}.py", "--smoke"]
+@pytest.mark.parametrize("name,flags", [pytest.param(b, f, id=" ".join([b, *f]))
+                                        for b in BENCHES if b not in SMOKED_ELSEWHERE
+                                        for f in [[]] + [[m] for m in MODES.get(b, [])]])
+def test_bench_smoke_reaches_result(name, flags):
+  cmd = [sys.executable, f"bench/{name}.py", *flags, "--smoke"]
+  shown = " ".join(["python", *cmd[1:]])
   try:
     proc = subprocess.run(cmd, cwd=ROOT, env=user_env(), capture_output=True, text=True, timeout=600)
   except subprocess.TimeoutExpired as e:
-    pytest.fail(f"`python bench/{name}.py --smoke` ran past {e.timeout} s (smoke mode should take "
+    pytest.fail(f"`{shown}` ran past {e.timeout} s (smoke mode should take "
                 f"seconds)")
   tail = f"--- stdout (tail) ---\n{proc.stdout[-3000:]}\n--- stderr (tail) ---\n{proc.stderr[-3000:]}"
-  assert proc.returncode == 0, f"`python bench/{name}.py --smoke` exited {proc.returncode}\n{tail}"
+  assert proc.returncode == 0, f"`{shown}` exited {proc.returncode}\n{tail}"
   lines = proc.stdout.strip().splitlines()
   last = lines[-1] if lines else ""
   assert RESULT.fullmatch(last), f"last stdout line is not `RESULT <name> <value> <unit>`: {last!r}\n{tail}"
