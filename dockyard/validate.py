@@ -372,6 +372,8 @@ def _model_family(config) -> tuple[str, int] | None:
     family = config.policy.tiny.family
     if family not in tiny.FAMILIES:
       raise ConfigError("policy.tiny.family", f"unknown family {family!r}; known: {sorted(tiny.FAMILIES)}")
+    if family == "qwen3_next":
+      return family, int(config.policy.tiny.get("num_experts", tiny.QWEN3_NEXT_DEFAULTS["num_experts"]))
     return family, int(config.policy.tiny.get("num_experts", tiny.MOE_DEFAULTS["num_experts"])) \
         if family == "qwen3_moe" else 0
   if not os.path.isfile(os.path.join(path, "config.json")):
@@ -382,6 +384,26 @@ def _model_family(config) -> tuple[str, int] | None:
   except (ValueError, KeyError) as e:
     raise ConfigError("policy.model_name_or_path", f"{path}: {e}") from None
   return c.family, c.num_experts
+
+
+def _validate_qwen3_next(config, sequence_axis: int) -> None:
+  """What Qwen3-Next's Gated DeltaNet layers cannot do yet (docs/qwen3_next.md): their recurrence
+  (and causal conv) runs over a whole row, so it can neither be split over a 'sequence' axis nor
+  restart at packed segments' boundaries; and LoRA walks q/k/v/o projections that these layers
+  do not have."""
+  if sequence_axis > 1:
+    raise ConfigError("mesh.shape", f"a 'sequence' mesh axis of size {sequence_axis}: context parallelism "
+                      f"is not implemented for qwen3_next's Gated DeltaNet layers (their recurrence runs "
+                      f"over the whole row); set that axis to 1")
+  if int(config.policy.get("packing_row_tokens", 0)):
+    raise ConfigError("policy.packing_row_tokens", f"{config.policy.packing_row_tokens}: qwen3_next's Gated "
+                      f"DeltaNet layers would carry their recurrent state and conv window across packed "
+                      f"segments (no reset at segment starts, in dockyard or in transformers' torch path); "
+                      f"set it to 0")
+  if "lora" in config.policy and config.policy.lora.get("enabled"):
+    raise ConfigError("policy.lora.enabled", "LoRA is not implemented for qwen3_next (its Gated DeltaNet "
+                      "layers have no q/k/v/o projections; adapters on in_proj_qkvz / out_proj are not "
+                      "written); set it to False")
 
 
 def _validate_family(config) -> None:
@@ -398,6 +420,8 @@ def _validate_family(config) -> None:
   if found is None:
     return
   family, experts = found
+  if family == "qwen3_next":
+    _validate_qwen3_next(config, dict(zip(config.mesh.axes, shape)).get("sequence", 1))
   if not experts:
     if expert_axis > 1:
       raise ConfigError("mesh.shape", f"an 'expert' mesh axis of size {expert_axis}, but {family!r} is a "
