@@ -156,9 +156,11 @@ def train_step(model: Decoder, optimizer: nnx.Optimizer, batch: Mapping[str, Any
   def micro_loss(params, rngs, mb):
     # Fresh Variables for the dropout streams at this trace level (grad passes non-differentiated
     # arguments through as they are, and a Variable is mutable only where it was made); copy:
-    # fresh Variables in this trace, which the sparse layers' router statistics are written to.
+    # fresh Variables in this trace for everything, which the sparse layers' router statistics
+    # are written to and which `nnx.remat` writes back after each layer (a frozen LoRA base left
+    # in `rest` would otherwise be a Variable of the outer trace: TraceContextError).
     rngs = jax.tree.map(lambda x: x, rngs)
-    m = nnx.merge(graphdef, params, rngs, rest, copy=sparse)
+    m = nnx.merge(graphdef, params, rngs, rest, copy=True)
     m.train()  # this traced copy only: LoRA dropout on; `model` itself stays deterministic
     extras = {**mb["extras"], **batch["totals"]}
     if "segment_ids" in mb:   # packed rows: score them, then gather back to [S, T] (sequences)
