@@ -118,7 +118,7 @@ def get_config(arg=None):
       weight_decay=0.01,
       max_grad_norm=1.0,
       micro_batch_size=4 if full else 8,   # sequences per forward/backward; gradients accumulate
-      # torch trainer, unpacked: > 0 groups whole sequences into micro-batches of at most this many
+      # Unpacked, either trainer: > 0 groups whole sequences into micro-batches of at most this many
       # (padded) tokens instead of micro_batch_size rows (dynamic batching; docs/packing.md).
       micro_batch_tokens=0,
   )

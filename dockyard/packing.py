@@ -13,9 +13,10 @@ micro-batch's sequences, and the unchanged loss fn sees that, with the sequences
 extras. Losses normalize by whole-batch totals (dockyard/policy.py), so the sum over micro-batches
 is exactly the unpacked batch's loss, whatever the grouping.
 
-`optim.micro_batch_tokens > 0` without packing (the torch trainer only: its micro-batches may
-differ in shape) groups whole sequences, longest first, so that count x longest <= the budget
-(`token_budget_groups`).
+`optim.micro_batch_tokens > 0` without packing groups whole sequences, longest first, so that
+count x longest <= the budget (`token_budget_groups`); each micro-batch is padded only to its own
+longest. torch runs those shapes eagerly; the JAX trainer plans on lengths rounded up to its
+`policy.seq_bucket` and runs one compiled step per (rows, length) bucket.
 
 Pure NumPy: no framework is imported here.
 """

@@ -67,7 +67,8 @@ def check_layout(batch: TrainBatch) -> None:
 # e.g. teachers' top-k from `Policy.topk_logprobs`), the trainer also hands the loss
 # `topk_logprobs` [B, T, K]: the policy's own logprobs of those ids at each position, with
 # gradient, aligned and tempered as `logprobs` (entry t predicts token t; entry 0 is 0). Unpacked
-# batches only (`policy.packing_row_tokens` / `optim.micro_batch_tokens` off).
+# batches only (`policy.packing_row_tokens` off; on the torch trainer `optim.micro_batch_tokens`
+# off too, while the JAX trainer's token-budget micro-batches keep the contract).
 LossFn = Callable[[Any, Any, Mapping[str, Any]], tuple[Any, Mapping[str, Any]]]
 
 

@@ -315,11 +315,6 @@ def _validate_packing(config, preference: bool = False) -> None:
     raise ConfigError("optim.micro_batch_tokens", f"set together with policy.packing_row_tokens={row}: "
                       f"packed micro-batches are already budgeted in tokens (optim.micro_batch_size "
                       f"rows x policy.packing_row_tokens); set one of the two")
-  if budget and config.policy.backend == "jax":
-    raise ConfigError("optim.micro_batch_tokens", "the JAX trainer stacks its micro-batches in one "
-                      "compiled shape, so unpacked micro-batches by token budget save nothing there; "
-                      "set policy.packing_row_tokens (micro-batches of packed rows) instead, or "
-                      "policy.backend='torch'")
   if preference and (row or budget):
     key = "policy.packing_row_tokens" if row else "optim.micro_batch_tokens"
     raise ConfigError(key, "a preference loss pairs rows 2i and 2i+1 inside one micro-batch; packing "
@@ -541,11 +536,16 @@ def _validate_distill(config) -> None:
       raise ConfigError("loss_fn.reference_policy_kl_penalty", "must be 0 with grpo.distill.loss="
                         "'topk_kl': the teachers are the anchor, and the penalty lives in the policy-"
                         "gradient loss that the top-k KL replaces (or use loss='sampled_token')")
-    for key in ("policy.packing_row_tokens", "optim.micro_batch_tokens"):
+    # The JAX trainer's token-budget micro-batches are unpacked rows and keep the top-k contract;
+    # packed rows (both trainers) and the torch trainer's token-budget path do not.
+    keys = ["policy.packing_row_tokens"] + (["optim.micro_batch_tokens"]
+                                            if config.policy.backend == "torch" else [])
+    for key in keys:
       section, name = key.split(".")
       if int(config[section].get(name, 0)):
         raise ConfigError(key, "must be 0 with grpo.distill.loss='topk_kl': the student's top-k "
-                          "logprobs are gathered on unpacked rows of fixed micro-batches")
+                          "logprobs are gathered on unpacked rows of fixed micro-batches"
+                          + (" on policy.backend='torch'" if key.startswith("optim") else ""))
   if grpo.dynamic_sampling:
     raise ConfigError("grpo.dynamic_sampling", "on-policy distillation learns from every sample "
                       "(a group flat in reward still has the teachers' per-token signal): set it False")

@@ -13,6 +13,16 @@ step runs the model on the packed rows (segment-masked attention, per-segment po
 gathers the logprobs back to each sequence before the unchanged loss fn. Shapes stay few: the
 row length is the constant budget, the micro-batch count and the sequences per micro-batch are
 rounded up to powers of two, the gathered length to `bucket`.
+
+With `optim.micro_batch_tokens` > 0 (unpacked rows) the micro-batches are planned by token budget
+instead, as the torch trainer plans them (`packing.token_budget_groups`, on the lengths rounded up
+to `bucket`): whole sequences, longest first, as many a micro-batch as keep rows x padded length
+<= the budget, each micro-batch padded only to its own longest (rounded up to `bucket`). A full
+micro-batch has budget // length rows, the last one its count rounded up to a power of two (rows
+of padding, masked), so the compiled shapes are about one per length bucket. They run through a
+host-side gradient-accumulation loop (`train.micro_batch_grads` per micro-batch, compiled once per
+shape; `train.accumulate`; one `train.apply_grads`): the same micro-batch function and update as
+the stacked step, with the whole batch's totals, so the step equals the fixed-size one.
 """
 from __future__ import annotations
 
@@ -63,10 +73,11 @@ class JaxPolicy(Policy):
     self.micro_batch_size, self.bucket, self.source_dir = int(micro_batch_size), int(bucket), source_dir
     self.moe = moe
     self.packing_row_tokens = int(packing_row_tokens)
-    if int(self.optim.get("micro_batch_tokens", 0)):
-      raise ValueError("config.optim.micro_batch_tokens: the JAX trainer's micro-batches share one "
-                       "compiled shape, so a token budget over unpacked rows saves nothing; set "
-                       "config.policy.packing_row_tokens instead (micro-batches of packed rows)")
+    self.micro_batch_tokens = int(self.optim.get("micro_batch_tokens", 0))
+    if self.packing_row_tokens and self.micro_batch_tokens:
+      raise ValueError("config.policy.packing_row_tokens and config.optim.micro_batch_tokens are both "
+                       "set: packed micro-batches are already budgeted in tokens (micro_batch_size "
+                       "rows x packing_row_tokens); set one")
     seq = context_parallel.axis_size(mesh)
     for key, length in (("policy.seq_bucket", self.bucket),
                         ("policy.packing_row_tokens", self.packing_row_tokens)):
@@ -204,6 +215,71 @@ class JaxPolicy(Policy):
     )
     return out, [m.seqs for m in micros]
 
+  def _plan_budget(self, batch: TrainBatch) -> list[tuple[np.ndarray, int, int]]:
+    """Token-budget micro-batches: (sequence indices, rows, length) each. Planned on the lengths
+    rounded up to `bucket` (what each micro-batch is padded to), so rows x length <= the budget;
+    a sequence whose rounded length alone passes the budget (but that itself fits) goes alone.
+    A full micro-batch's rows are budget // length (a function of its length bucket), the last
+    one's its count rounded up to a power of two (at most that); both rounded up to a multiple
+    of the mesh's batch axes, which split them."""
+    budget = self.micro_batch_tokens
+    lengths = packing.seq_lengths(batch)
+    bucketed = np.asarray([self._padded_len(int(n)) for n in lengths], np.int64)
+    planned = np.maximum(lengths, np.minimum(bucketed, budget))
+    axes = shd.batch_axis_size(self.mesh, self.rules)
+    plan = []
+    for group in packing.token_budget_groups(planned, budget):
+      seqs = np.asarray(group, np.int64)
+      length = int(bucketed[seqs].max())
+      full = max(1, budget // length)
+      rows = max(len(seqs), min(1 << (len(seqs) - 1).bit_length(), full))
+      plan.append((seqs, -(-rows // axes) * axes, length))
+    return plan
+
+  def _budget_micro(self, batch: TrainBatch, seqs: np.ndarray, rows: int, length: int,
+                    losses: bool = True) -> dict:
+    """One token-budget micro-batch: the rows `seqs`, cut (or padded) to `length` tokens, padded
+    with empty rows to `rows`; sharded like a stacked micro-batch."""
+    t = batch.input_ids.shape[1]
+
+    def take(x, dtype=None):
+      x = np.asarray(x)[seqs]
+      cols = 0
+      if x.ndim >= 2 and x.shape[1] == t:   # token-aligned: this micro-batch's length
+        x = x[:, :length]
+        cols = length - x.shape[1]
+      x = np.pad(x, [(0, rows - len(seqs)), *([(0, cols)] if x.ndim >= 2 else [])]
+                 + [(0, 0)] * (x.ndim - 2))
+      return x if dtype is None else x.astype(dtype)
+
+    def put(x, tokens=False):
+      return jax.device_put(x, shd.batch_sharding(self.mesh, self.rules, x.ndim, batch_dim=0,
+                                                  token_dim=1 if tokens else None))
+    mb = dict(input_ids=put(take(batch.input_ids, np.int32), tokens=True),
+              attention_mask=put(take(batch.attention_mask, np.int32), tokens=True))
+    if losses:
+      mb.update(loss_mask=put(take(batch.loss_mask, np.float32), tokens=True),
+                extras={k: put(take(v)) for k, v in batch.extras.items()})
+    return mb
+
+  def _train_step_budget(self, batch: TrainBatch, loss_fn: LossFn, totals) -> dict:
+    """Token-budget micro-batches through the host-side accumulation loop (see the docstring)."""
+    self._check(batch)
+    plan = self._plan_budget(batch)
+    replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+    temperature = jax.device_put(np.float32(batch.temperature), replicated)
+    num_micro = jax.device_put(np.int32(len(plan)), replicated)
+    graphdef, params, rngs, rest = nnx.split(self.model, self.optimizer.wrt, nnx.RngState, ...)
+    acc = None
+    for seqs, rows, length in plan:
+      out, rngs = train.micro_batch_grads(
+          graphdef, params, rngs, rest, self._budget_micro(batch, seqs, rows, length), totals,
+          temperature, num_micro, loss_fn=loss_fn, moe=self.moe, sparse=self.model.config.is_moe)
+      acc = out if acc is None else train.accumulate(acc, out)
+    (loss, (metrics, router)), grads = acc
+    del params, rest   # their buffers are the model's, which the update donates
+    return train.apply_grads(self.model, self.optimizer, grads, rngs, metrics, router, loss, self.moe)
+
   # --- Policy --------------------------------------------------------------------------------
 
   def logprobs(self, batch: TrainBatch) -> np.ndarray:
@@ -216,6 +292,18 @@ class JaxPolicy(Policy):
         lp = np.asarray(jax.device_get(train.packed_logprob_step(self.model, mb, stacked["temperature"])))
         out[idx] = lp[:len(idx), :t]
       return out
+    if self.micro_batch_tokens:
+      self._check(batch)
+      t = batch.input_ids.shape[1]
+      out = np.zeros(batch.input_ids.shape, np.float32)
+      temperature = jax.device_put(np.float32(batch.temperature),
+                                   jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec()))
+      for seqs, rows, length in self._plan_budget(batch):
+        mb = self._budget_micro(batch, seqs, rows, length, losses=False)
+        lp = train.logprob_step(self.model, mb["input_ids"], mb["attention_mask"], temperature)
+        n = min(length, t)
+        out[seqs, :n] = np.asarray(jax.device_get(lp))[:len(seqs), :n]
+      return out * np.asarray(batch.attention_mask, out.dtype)
     stacked, b = self._stack(batch)
     t = batch.input_ids.shape[1]
     outs = [train.logprob_step(self.model, stacked["input_ids"][i], stacked["attention_mask"][i],
@@ -240,14 +328,18 @@ class JaxPolicy(Policy):
     if self.packing_row_tokens and "topk_ids" in batch.extras:
       raise ValueError("extras['topk_ids'] (top-k distillation) needs unpacked rows: set "
                        "config.policy.packing_row_tokens=0")
-    stacked, _ = self._stack_packed(batch) if self.packing_row_tokens else self._stack(batch)
     loss_mask = np.asarray(batch.loss_mask, np.float32)
     replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
-    stacked["totals"] = jax.device_put(dict(
+    totals = jax.device_put(dict(
         total_tokens=np.float32(loss_mask.sum()),
         total_sequences=np.float32((loss_mask.sum(axis=1) > 0).sum())), replicated)
     lr = train.current_lr(self.optimizer, self.optim, self.total_steps)
-    metrics = train.train_step(self.model, self.optimizer, stacked, loss_fn, self.moe)
+    if self.micro_batch_tokens:
+      metrics = self._train_step_budget(batch, loss_fn, totals)
+    else:
+      stacked, _ = self._stack_packed(batch) if self.packing_row_tokens else self._stack(batch)
+      stacked["totals"] = totals
+      metrics = train.train_step(self.model, self.optimizer, stacked, loss_fn, self.moe)
     out = {k: float(v) for k, v in jax.device_get(metrics).items()}
     out["lr"] = lr
     return out

@@ -8,6 +8,11 @@ nothing for the padding micro-batches) sums loss, gradients and metrics per the 
 `dockyard/policy.py`, then one AdamW update applies. A packed batch (`dockyard.packing`) stacks
 packed rows instead and scores them with `packed_logprobs` before the same loss. Model and optimizer are
 donated: their old buffers are reused for the new state.
+
+Token-budget micro-batches (`optim.micro_batch_tokens`) each have their own shape, so the policy
+runs them through a host-side accumulation loop instead: `micro_batch_grads` per micro-batch (the
+same micro-batch function as `train_step`'s, `_micro_grads`), `accumulate`, then `apply_grads`
+(the same update, `_finish`).
 """
 from __future__ import annotations
 
@@ -129,30 +134,17 @@ def packed_logprobs(model: Decoder, mb: Mapping[str, Any], temperature=1.0):
   return jnp.take(rows.reshape(-1), mb["gather"], axis=0) * mb["valid"]
 
 
-@functools.partial(nnx.jit, static_argnames=("loss_fn", "moe"), donate_argnums=(0, 1))
-def train_step(model: Decoder, optimizer: nnx.Optimizer, batch: Mapping[str, Any], loss_fn,
-               moe: moe_lib.MoEOptions = moe_lib.MoEOptions()):
-  """One optimizer step over stacked micro-batches; returns summed loss/metrics + grad_norm.
+def _micro_grads(graphdef, rest, loss_fn, moe: moe_lib.MoEOptions, sparse: bool, totals,
+                 temperature, num_micro):
+  """`summed(params, rngs, mb) -> (((loss, (metrics, router)), grads), rngs)`: one micro-batch's
+  loss, metrics, router statistics and gradients wrt `params` (what the optimizer trains), and the
+  advanced random streams. Shared by the stacked `train_step` and the token-budget path
+  (`micro_batch_grads`), so both compute the same function of a micro-batch.
 
-  batch: input_ids / attention_mask / loss_mask [n, mb, T]; extras: name -> [n, mb, ...]; or,
-  packed, PACKED_KEYS (rows [n, R, L], gather / valid [n, S, T]) with loss_mask [n, S, T] and
-  extras [n, S, ...] laid out by sequence;
-  totals: {'total_tokens', 'total_sequences'} scalars added to every micro-batch's extras;
-  temperature (optional, default 1): a scalar array; the loss sees logprobs of logits / T;
-  num_micro (optional, default n): an int32 scalar, how many of the n micro-batches are real (the
-  rest are padding that is never computed).
-  A Mixture-of-Experts model adds its router losses (weighted by `moe`, averaged over the
-  micro-batches) to the loss, reports them and its expert load, and updates its balancing bias
-  (`dockyard.trainer_jax.moe`).
+  mb: input_ids / attention_mask [R, T] (or packed PACKED_KEYS), loss_mask [R, T] / [S, T],
+  extras name -> [R, ...]; totals: the whole batch's {'total_tokens', 'total_sequences'};
+  num_micro: the step's count of real micro-batches (each one's router loss counts 1/num_micro).
   """
-  # Differentiate what the optimizer trains (all Params, or the LoRA adapters alone); the random
-  # streams (LoRA dropout; empty otherwise) are carried through the micro-batches so each draws
-  # fresh masks, and written back so the next step does too.
-  graphdef, params, rngs, rest = nnx.split(model, optimizer.wrt, nnx.RngState, ...)
-  temperature = batch.get("temperature", 1.0)
-  num_micro = batch.get("num_micro", batch["input_ids"].shape[0])
-  sparse = model.config.is_moe
-
   def micro_loss(params, rngs, mb):
     # Fresh Variables for the dropout streams at this trace level (grad passes non-differentiated
     # arguments through as they are, and a Variable is mutable only where it was made); copy:
@@ -162,7 +154,7 @@ def train_step(model: Decoder, optimizer: nnx.Optimizer, batch: Mapping[str, Any
     rngs = jax.tree.map(lambda x: x, rngs)
     m = nnx.merge(graphdef, params, rngs, rest, copy=True)
     m.train()  # this traced copy only: LoRA dropout on; `model` itself stays deterministic
-    extras = {**mb["extras"], **batch["totals"]}
+    extras = {**mb["extras"], **totals}
     if "segment_ids" in mb:   # packed rows: score them, then gather back to [S, T] (sequences)
       logprobs = packed_logprobs(m, mb, temperature)
     else:
@@ -188,6 +180,46 @@ def train_step(model: Decoder, optimizer: nnx.Optimizer, batch: Mapping[str, Any
   def summed(params, rngs, mb):  # ((loss, aux), grads) to accumulate, and the advanced streams
     (loss, (metrics, router, rngs)), grads = grad_fn(params, rngs, mb)
     return ((loss, (metrics, router)), grads), rngs
+  return summed
+
+
+def _finish(model: Decoder, optimizer: nnx.Optimizer, grads, metrics, router, loss, moe):
+  """The step's end, given the micro-batches' sums: one optimizer update (its global-norm clip
+  sees the accumulated gradient), the expert load metrics and the balancing-bias update."""
+  grad_norm = optax.global_norm(grads)
+  optimizer.update(model, grads)
+  metrics = dict(metrics)
+  if model.config.is_moe:
+    metrics.update(moe_lib.load_metrics(router["load"]))
+    if moe.bias_update_rate > 0:
+      moe_lib.update_expert_bias(model, router["load"], moe.bias_update_rate)
+  return {**metrics, "loss": loss, "grad_norm": grad_norm}
+
+
+@functools.partial(nnx.jit, static_argnames=("loss_fn", "moe"), donate_argnums=(0, 1))
+def train_step(model: Decoder, optimizer: nnx.Optimizer, batch: Mapping[str, Any], loss_fn,
+               moe: moe_lib.MoEOptions = moe_lib.MoEOptions()):
+  """One optimizer step over stacked micro-batches; returns summed loss/metrics + grad_norm.
+
+  batch: input_ids / attention_mask / loss_mask [n, mb, T]; extras: name -> [n, mb, ...]; or,
+  packed, PACKED_KEYS (rows [n, R, L], gather / valid [n, S, T]) with loss_mask [n, S, T] and
+  extras [n, S, ...] laid out by sequence;
+  totals: {'total_tokens', 'total_sequences'} scalars added to every micro-batch's extras;
+  temperature (optional, default 1): a scalar array; the loss sees logprobs of logits / T;
+  num_micro (optional, default n): an int32 scalar, how many of the n micro-batches are real (the
+  rest are padding that is never computed).
+  A Mixture-of-Experts model adds its router losses (weighted by `moe`, averaged over the
+  micro-batches) to the loss, reports them and its expert load, and updates its balancing bias
+  (`dockyard.trainer_jax.moe`).
+  """
+  # Differentiate what the optimizer trains (all Params, or the LoRA adapters alone); the random
+  # streams (LoRA dropout; empty otherwise) are carried through the micro-batches so each draws
+  # fresh masks, and written back so the next step does too.
+  graphdef, params, rngs, rest = nnx.split(model, optimizer.wrt, nnx.RngState, ...)
+  temperature = batch.get("temperature", 1.0)
+  num_micro = batch.get("num_micro", batch["input_ids"].shape[0])
+  summed = _micro_grads(graphdef, rest, loss_fn, moe, model.config.is_moe, batch["totals"],
+                        temperature, num_micro)
 
   keys = PACKED_KEYS if "segment_ids" in batch else ("input_ids", "attention_mask")
   micro = {k: batch[k] for k in keys + ("loss_mask", "extras")}
@@ -203,13 +235,38 @@ def train_step(model: Decoder, optimizer: nnx.Optimizer, batch: Mapping[str, Any
 
   ((loss, (metrics, router)), grads), rngs = jax.lax.fori_loop(0, num_micro, body, (zeros, rngs))
   nnx.update(model, rngs)
-  grad_norm = optax.global_norm(grads)
-  optimizer.update(model, grads)
-  if sparse:
-    metrics.update(moe_lib.load_metrics(router["load"]))
-    if moe.bias_update_rate > 0:
-      moe_lib.update_expert_bias(model, router["load"], moe.bias_update_rate)
-  return {**metrics, "loss": loss, "grad_norm": grad_norm}
+  return _finish(model, optimizer, grads, metrics, router, loss, moe)
+
+
+# --- token-budget micro-batches: a gradient-accumulation loop on the host -----------------------
+#
+# With `optim.micro_batch_tokens` the micro-batches differ in shape (each padded to its own
+# longest sequence), so they cannot be stacked into one scan. The policy runs them one by one:
+# `micro_batch_grads` (compiled once per (rows, length) bucket) for each, `accumulate` to sum
+# them, then `apply_grads` (one compile) for the update. Same `_micro_grads` function and same
+# `_finish` as `train_step`, so the step is the same function of the batch.
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "loss_fn", "moe", "sparse"))
+def micro_batch_grads(graphdef, params, rngs, rest, mb, totals, temperature, num_micro, *,
+                      loss_fn, moe: moe_lib.MoEOptions, sparse: bool):
+  """One unstacked micro-batch (input_ids / attention_mask / loss_mask [R, T], extras [R, ...]):
+  (((loss, (metrics, router)), grads), advanced rngs), from `nnx.split(model, optimizer.wrt,
+  nnx.RngState, ...)`'s pieces."""
+  summed = _micro_grads(graphdef, rest, loss_fn, moe, sparse, totals, temperature, num_micro)
+  return summed(params, rngs, mb)
+
+
+# Sums a micro-batch's outputs into the running total (whose buffers are reused).
+accumulate = jax.jit(_tree_add, donate_argnums=0)
+
+
+@functools.partial(nnx.jit, static_argnames=("moe",), donate_argnums=(0, 1, 2))
+def apply_grads(model: Decoder, optimizer: nnx.Optimizer, grads, rngs, metrics, router, loss,
+                moe: moe_lib.MoEOptions = moe_lib.MoEOptions()):
+  """The token-budget step's end: the advanced random streams back into the model, then
+  `train_step`'s update on the accumulated sums. Returns the step's metrics."""
+  nnx.update(model, rngs)
+  return _finish(model, optimizer, grads, metrics, router, loss, moe)
 
 
 @nnx.jit

@@ -104,7 +104,6 @@ def test_math_variants_and_eval_keys_validate():
     ("tiny", {"policy.packing_row_tokens": -1}, "policy.packing_row_tokens", "must be >= 0"),
     ("tiny", {"policy.packing_row_tokens": 1024, "optim.micro_batch_tokens": 4096},
      "optim.micro_batch_tokens", "set one of the two"),
-    ("tiny", {"optim.micro_batch_tokens": 4096}, "optim.micro_batch_tokens", "JAX trainer"),
     ("tiny", {"policy.packing_row_tokens": 200}, "policy.packing_row_tokens", "max_new_tokens=256"),
     ("tiny,torch", {"optim.micro_batch_tokens": 100}, "optim.micro_batch_tokens", "max_new_tokens=256"),
 ])
@@ -122,10 +121,27 @@ def test_packing_settings_that_work_validate():
   config = swe.get_config("tiny")
   config.policy.packing_row_tokens = 1024
   validate.validate(config)
-  config = swe.get_config("tiny,torch")
-  config.optim.micro_batch_tokens = 4096
-  validate.validate(config)
+  for variant in ("tiny", "tiny,torch"):   # token-budget micro-batches: both trainers
+    config = swe.get_config(variant)
+    config.optim.micro_batch_tokens = 4096
+    validate.validate(config)
   config = dpo.get_config()
   config.policy.packing_row_tokens = 1024
   with pytest.raises(validate.ConfigError, match="config.policy.packing_row_tokens: .*pairs"):
+    validate.validate(config)
+
+
+def test_topk_distillation_takes_jax_token_budget_micro_batches_only():
+  """The JAX trainer's token-budget micro-batches keep the top-k contract (unpacked rows); packed
+  rows and the torch trainer's token-budget path do not."""
+  from configs import distill
+  config = distill.get_config()
+  config.optim.micro_batch_tokens = 4096
+  validate.validate(config)
+  config.policy.packing_row_tokens, config.optim.micro_batch_tokens = 1024, 0
+  with pytest.raises(validate.ConfigError, match="config.policy.packing_row_tokens: .*topk_kl"):
+    validate.validate(config)
+  config = distill.get_config("torch")
+  config.optim.micro_batch_tokens = 4096
+  with pytest.raises(validate.ConfigError, match="config.optim.micro_batch_tokens: .*topk_kl.*torch"):
     validate.validate(config)
