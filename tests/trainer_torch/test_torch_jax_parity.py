@@ -89,3 +89,31 @@ def test_pad_token_as_a_real_token_gets_the_same_gradient(model_path):
   emb = "model.embed_tokens.weight"
   print(f"pad row {pad}: |change| torch {np.abs(t[emb][pad] - before[emb][pad]).max():.4g}, "
         f"jax {np.abs(j[emb][pad] - before[emb][pad]).max():.4g}")
+
+
+def test_token_budget_train_step_matches(model_path):
+  """`optim.micro_batch_tokens` on both trainers (each plans its own micro-batches: torch on the
+  exact lengths, JAX on lengths rounded to its seq_bucket): the same step as each other."""
+  import jax
+
+  from dockyard import packing
+  from dockyard.trainer_jax import loss as jax_loss
+  from dockyard.trainer_jax.policy import JaxPolicy
+  from dockyard.trainer_torch import loss as torch_loss
+  from dockyard.trainer_torch.policy import TorchPolicy
+  cfg = torch_common.make_config(micro_batch_size=4, warmup_steps=0)
+  cfg.optim.micro_batch_tokens, cfg.policy.seq_bucket = 48, 8
+  torch_policy = TorchPolicy.from_hf(model_path, cfg)
+  jax_policy = JaxPolicy.from_hf(model_path, cfg, devices=jax.devices()[:1])
+  batch = torch_common.make_batch(seed=8)
+  assert len(packing.token_budget_groups(packing.seq_lengths(batch), 48)) >= 3
+  assert len({n for _, _, n in jax_policy._plan_budget(batch)}) >= 2
+  np.testing.assert_allclose(torch_policy.logprobs(batch), jax_policy.logprobs(batch), rtol=0, atol=1e-4)
+  lc = torch_common.loss_config(cfg)
+  m_t = torch_policy.train_step(batch, torch_loss.make_pg_loss(lc))
+  m_j = jax_policy.train_step(batch, jax_loss.make_pg_loss(lc))
+  for k in ("loss", "pg_loss", "clip_fraction", "ratio_mean", "is_weight_mean", "grad_norm", "lr"):
+    assert m_t[k] == pytest.approx(m_j[k], rel=1e-4, abs=1e-6), k
+  t, j = dict(torch_policy.named_weights()), dict(jax_policy.named_weights())
+  for name in t:
+    np.testing.assert_allclose(t[name], j[name], rtol=0, atol=5e-5, err_msg=name)
