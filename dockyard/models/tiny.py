@@ -44,6 +44,10 @@ QWEN3_NEXT_DEFAULTS = dict(
     full_attention_interval=2, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
     linear_value_head_dim=32, linear_conv_kernel_dim=4, partial_rotary_factor=0.25, num_experts=8,
     num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=64, norm_topk_prob=True)
+# The overrides that make a tiny Qwen3-Next that CPU vLLM 0.32 runs (the refit test;
+# docs/qwen3_next.md): its Gated DeltaNet kernel takes head dims 128 only, and its
+# Qwen3NextForCausalLM does not tie lm_head to the embeddings.
+QWEN3_NEXT_CPU_VLLM = dict(linear_key_head_dim=128, linear_value_head_dim=128, tie_word_embeddings=False)
 
 DEFAULT_SPEC = dict(
     family="qwen2", hidden_size=128, intermediate_size=256, num_hidden_layers=2,

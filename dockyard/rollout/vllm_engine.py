@@ -9,6 +9,7 @@ The engine options come from `config.rollout`; the Ray fleet (`fleet.py`) runs o
 """
 from __future__ import annotations
 
+import json
 import os
 import threading
 from typing import Any, Iterable, Mapping, Sequence
@@ -60,7 +61,51 @@ def engine_kwargs(rollout: Mapping[str, Any], model_path: str, seed: int = 0) ->
     # prefills only: no chunking, and a step budget that fits several full-length prompts.
     kwargs["enable_chunked_prefill"] = False
     kwargs["max_num_batched_tokens"] = 4 * int(rollout["max_model_len"])
+  if _model_type(model_path) == "qwen3_next":
+    _qwen3_next_settings(kwargs, model_path)
   return kwargs
+
+
+# The Gated DeltaNet head dims CPU vLLM 0.32's `chunk_gated_delta_rule_cpu` runs (others:
+# "RuntimeError: Unexpected head dim size, 32"); only 128 / 128 was tried (docs/qwen3_next.md).
+CPU_GDN_HEAD_DIMS = (128, 128)
+
+
+def _model_type(model_path: str) -> str:
+  with open(os.path.join(model_path, "config.json")) as f:
+    return str(json.load(f).get("model_type", ""))
+
+
+def _qwen3_next_settings(kwargs: dict[str, Any], model_path: str) -> None:
+  """The engine settings Qwen3-Next (Gated DeltaNet hybrid) needs in vLLM 0.32 (docs/qwen3_next.md).
+
+  Any device: vLLM's Qwen3NextForCausalLM has its own lm_head and ignores tie_word_embeddings, so
+  a tied checkpoint would run with an unloaded (zero) head: uniform logprobs. Refused, as is a
+  dense one (num_experts 0), which its constructor rejects.
+  CPU: the Gated DeltaNet kernels run in bfloat16 only ("CPU GDN attention requires BF16.") and
+  with head dims 128 only, so the engine runs bfloat16 whatever `config.rollout.dtype` says (the
+  refit canary then needs bf16 bounds: `RefitCanary.max_mean_abs_logprob_delta`). Prefix caching
+  is off: with it on, vLLM keeps the DeltaNet states per cache block ('align' mode), which needs
+  chunked prefill, and CPU vLLM crashes on seeded requests whose prefill is chunked (above). With
+  it off the states are per request and whole prefills work, seeded or not."""
+  with open(os.path.join(model_path, "config.json")) as f:
+    hf = json.load(f)
+  if hf.get("tie_word_embeddings", False):
+    raise ValueError(f"{model_path}: a qwen3_next checkpoint with tie_word_embeddings=true: vLLM 0.32's "
+                     "Qwen3NextForCausalLM does not tie lm_head to the embeddings (its head would stay "
+                     "unloaded); untie it in config.json (policy.tiny.tie_word_embeddings=False)")
+  if int(hf.get("num_experts", 512)) < 1:   # absent: transformers' default, 512
+    raise ValueError(f"{model_path}: a dense qwen3_next (config.json num_experts=0): vLLM 0.32's "
+                     "Qwen3NextForCausalLM runs MoE checkpoints only (\"No Qwen3Next layer found in the "
+                     "model.layers.\")")
+  if not _on_cpu():
+    return
+  dims = (int(hf.get("linear_key_head_dim", 0)), int(hf.get("linear_value_head_dim", 0)))
+  if dims != CPU_GDN_HEAD_DIMS:
+    raise ValueError(f"{model_path}: config.json linear_key_head_dim, linear_value_head_dim = {dims}: "
+                     f"CPU vLLM 0.32's Gated DeltaNet kernel runs head dims {CPU_GDN_HEAD_DIMS} only")
+  kwargs["dtype"] = "bfloat16"
+  kwargs["enable_prefix_caching"] = False
 
 
 def _set_engine_env(rollout: Mapping[str, Any]) -> None:
@@ -153,6 +198,7 @@ class VLLMEngine(BatchedAgenerate, Generator):
       kwargs.update(enable_lora=True, max_lora_rank=fits[0], max_loras=1,
                     lora_target_modules=list(lora_targets))
     self.llm = vllm.LLM(**kwargs)
+    self.dtype = kwargs["dtype"]   # what the engine runs: config.rollout.dtype unless the family needs another
     self.lora_enabled = lora_rank > 0
     self._lora_request = None   # the adapter every request runs with (refit lora_mode='adapter')
     self.seed = seed
