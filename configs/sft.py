@@ -93,6 +93,7 @@ def get_config(arg=None):
       canary=dict(
           enabled=True,
           max_abs_logprob_delta=1e-3,
+          max_mean_abs_logprob_delta=0.0,   # > 0: also bound the mean |delta| (configs/swe.py says when)
       ),
   )
 

@@ -211,6 +211,10 @@ def get_config(arg=None):
       canary=dict(
           enabled=True,
           max_abs_logprob_delta=1e-2 if full else 1e-3,
+          # > 0: also bound the probe's MEAN |delta| (and compare mean changes in the "moved since
+          # the last sync" check), for an engine whose arithmetic differs from the trainer's, e.g.
+          # qwen3_next's bf16-only CPU engine (docs/qwen3_next.md); 0: the max bound alone.
+          max_mean_abs_logprob_delta=0.0,
       ),
   )
 

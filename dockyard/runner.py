@@ -260,8 +260,7 @@ def generation_metric(config, policy, tokenizer, model_path: str, stack: context
   """The SFT run's generation metric: greedy pass@1 on env.math's held-out tasks, sampled by a
   vLLM engine in this process that the policy's weights reach in process (with the refit canary)."""
   from dockyard.envs import math as math_env
-  from dockyard.refit.canary import RefitCanary
-  from dockyard.refit.synchronizer import WeightSynchronizer
+  from dockyard.refit.synchronizer import WeightSynchronizer, make_canary
   from dockyard.refit.transports import InProcessTransport
   from dockyard.rollout.base import SamplingParams
   from dockyard.rollout.vllm_engine import VLLMEngine
@@ -272,10 +271,8 @@ def generation_metric(config, policy, tokenizer, model_path: str, stack: context
   os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
   engine = VLLMEngine(model_path, config.rollout, seed=config.run.seed)
   stack.callback(engine.shutdown)
-  canary = config.refit.canary
   synchronizer = WeightSynchronizer(policy, engine, InProcessTransport(engine),
-                                    RefitCanary.random(engine.vocab_size, float(canary.max_abs_logprob_delta))
-                                    if canary.enabled else None)
+                                    make_canary(config.refit.canary, engine.vocab_size))
   sampling = SamplingParams(temperature=config.rollout.val_temperature, top_p=1.0,
                             max_tokens=config.rollout.max_new_tokens, seed=config.run.seed)
   metric = GenerationMetric(synchronizer, engine, env, tokenizer, env.validation, sampling)

@@ -115,6 +115,15 @@ def resolve_mesh_shape(shape: Sequence[int], num_devices: int, key: str = "mesh.
   return shape
 
 
+def _check_canary(canary) -> None:
+  """refit.canary's bounds (dockyard/refit/canary.py)."""
+  if canary.enabled and not canary.max_abs_logprob_delta > 0:
+    raise ConfigError("refit.canary.max_abs_logprob_delta", f"must be > 0, got {canary.max_abs_logprob_delta}")
+  if not canary.max_mean_abs_logprob_delta >= 0:
+    raise ConfigError("refit.canary.max_mean_abs_logprob_delta",
+                      f"must be >= 0 (0: the max bound alone), got {canary.max_mean_abs_logprob_delta}")
+
+
 def validate(config: ml_collections.ConfigDict) -> None:
   """Cross-field rules; raises ConfigError naming the first key that breaks one."""
   if "dpo" in config:   # a preference run (configs/dpo.py): no grpo, rollout or sandbox sections
@@ -203,6 +212,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise ConfigError("rollout.max_new_tokens", f"must be < rollout.max_model_len ({rollout.max_model_len})")
   if config.refit.transport not in ("auto", "inprocess", "object_store", "shared_memory", "nccl"):
     raise ConfigError("refit.transport", f"unknown transport {config.refit.transport!r}")
+  _check_canary(config.refit.canary)
   lora_mode = config.refit.get("lora_mode", "merge")
   if lora_mode not in ("merge", "adapter"):
     raise ConfigError("refit.lora_mode", f"must be 'merge' or 'adapter', got {lora_mode!r}")
@@ -683,9 +693,7 @@ def _validate_sft(config) -> None:
       raise ConfigError("rollout.max_new_tokens", f"must be < rollout.max_model_len ({rollout.max_model_len})")
     if rollout.val_temperature < 0:
       raise ConfigError("rollout.val_temperature", f"must be >= 0 (0: greedy), got {rollout.val_temperature}")
-    if config.refit.canary.enabled and not config.refit.canary.max_abs_logprob_delta > 0:
-      raise ConfigError("refit.canary.max_abs_logprob_delta",
-                        f"must be > 0, got {config.refit.canary.max_abs_logprob_delta}")
+    _check_canary(config.refit.canary)
   if int(config.checkpoint.save_period) < 1:
     raise ConfigError("checkpoint.save_period", f"must be >= 1, got {config.checkpoint.save_period}")
 

@@ -149,15 +149,24 @@ def make_transport(name: str, generator: Generator) -> Transport:
   raise ValueError(f"config.refit.transport: unknown transport {name!r}; choose from {TRANSPORTS}")
 
 
+def make_canary(canary_cfg: Any, vocab_size: int) -> RefitCanary | None:
+  """The canary `config.refit.canary` asks for (random probe ids below `vocab_size`), or None when
+  it is disabled."""
+  if not canary_cfg.enabled:
+    return None
+  mean = float(canary_cfg.max_mean_abs_logprob_delta)
+  return RefitCanary.random(vocab_size, float(canary_cfg.max_abs_logprob_delta),
+                            max_mean_abs_logprob_delta=mean if mean > 0 else None)
+
+
 def create_weight_synchronizer(config: Any, policy: Policy, generator,
                                canary: RefitCanary | None = None) -> WeightSynchronizer:
   """The synchronizer for `config` (transport from `config.refit.transport`, canary from
   `config.refit.canary`: random probe ids below the engine's vocabulary unless one is given;
   under `config.policy.lora`, what each sync sends from `config.refit.lora_mode`)."""
   transport = make_transport(pick_transport_name(config, generator), generator)
-  canary_cfg = config.refit.canary
-  if canary is None and canary_cfg.enabled:
-    canary = RefitCanary.random(generator.vocab_size, float(canary_cfg.max_abs_logprob_delta))
+  if canary is None:
+    canary = make_canary(config.refit.canary, generator.vocab_size)
   lora = config.policy.get("lora") if "policy" in config else None
   lora_mode = config.refit.get("lora_mode", "merge") if lora is not None and lora.enabled else None
   return WeightSynchronizer(policy, generator, transport, canary, lora_mode=lora_mode)

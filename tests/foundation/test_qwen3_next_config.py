@@ -46,3 +46,20 @@ def test_what_gated_deltanet_cannot_use_names_its_key(tmp_path):
   local.policy.model_name_or_path = str(tmp_path)
   local.policy.packing_row_tokens = 1024
   rejects(local, "policy.packing_row_tokens", "qwen3_next")
+
+
+def test_the_canarys_mean_bound_comes_from_the_config():
+  """refit.canary.max_mean_abs_logprob_delta (what a bf16-only engine such as qwen3_next's on CPU
+  needs, docs/qwen3_next.md): 0 leaves the max bound alone; > 0 reaches the canary; < 0 refused."""
+  from dockyard.refit.synchronizer import make_canary
+  config = _next()
+  assert make_canary(config.refit.canary, 1000).max_mean_abs_logprob_delta is None
+  config.refit.canary.max_mean_abs_logprob_delta, config.refit.canary.max_abs_logprob_delta = 0.05, 2.0
+  canary = make_canary(config.refit.canary, 1000)
+  assert (canary.max_mean_abs_logprob_delta, canary.max_abs_logprob_delta) == (0.05, 2.0)
+  assert canary.probe_ids.max() < 1000
+  config.refit.canary.enabled = False
+  assert make_canary(config.refit.canary, 1000) is None
+  bad = _next()
+  bad.refit.canary.max_mean_abs_logprob_delta = -1.0
+  rejects(bad, "refit.canary.max_mean_abs_logprob_delta", ">= 0")
