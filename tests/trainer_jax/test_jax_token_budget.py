@@ -7,6 +7,7 @@ same shapes compiles nothing."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from dockyard.grpo.loss_spec import LossConfig
 from dockyard.policy import TrainBatch
@@ -25,7 +26,7 @@ def topk_loss(logprobs, loss_mask, extras):
 
 
 def _policy(path, config, micro_batch_tokens=0, micro_batch_size=4, seq_bucket=16, moe=None,
-            lora=False):
+            lora=False, mesh_shape=(1, 1, 1)):
   # lr 1, eps 1, no clipping or decay: Adam's first update is g / (|g| + 1), so the parameters
   # after one step compare the gradients themselves (not just their signs).
   config = config.copy_and_resolve_references()
@@ -36,7 +37,8 @@ def _policy(path, config, micro_batch_tokens=0, micro_batch_size=4, seq_bucket=1
     config.policy.moe = moe
   if lora:
     config.policy.lora.update(enabled=True, rank=4, alpha=8.0)
-  return JaxPolicy.from_hf(path, config, mesh=shd.make_mesh((1, 1, 1), devices=jax.devices()[:1]))
+  n = int(np.prod(mesh_shape))
+  return JaxPolicy.from_hf(path, config, mesh=shd.make_mesh(mesh_shape, devices=jax.devices()[:n]))
 
 
 def _batch(vocab, lengths, t=None, seed=0):
@@ -169,3 +171,16 @@ def test_token_budget_moe_equals_fixed(config):
     np.testing.assert_allclose(bias(budget), bias(fixed), atol=1e-7)
     if step == 0:
       assert np.abs(bias(budget)).max() > 0
+
+
+@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (fake) devices, as tests/conftest.py sets")
+def test_token_budget_on_a_sharded_mesh_equals_one_device(tiny_models, config):
+  """data x fsdp x tensor = 2 x 2 x 2: each micro-batch's rows (rounded up to a multiple of the
+  batch axes, 4) split over data and fsdp; the same step as one device's fixed micro-batches."""
+  path = tiny_models["qwen2"]
+  fixed = _policy(path, config)
+  sharded = _policy(path, config, micro_batch_tokens=96, mesh_shape=(2, 2, 2))
+  batch = _batch(fixed.model.config.vocab_size, UNEVEN, seed=6)
+  assert all(rows % 4 == 0 for _, rows, _ in sharded._plan_budget(batch))
+  a, b = fixed.train_step(batch, nll_loss), sharded.train_step(batch, nll_loss)
+  _assert_same_step(a, b, _params(fixed), _params(sharded))
