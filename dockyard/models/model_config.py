@@ -247,15 +247,8 @@ def _gemma3_fields(hf: Mapping[str, Any], num_layers: int) -> tuple[dict, dict]:
   if local_type != "default":
     raise ValueError(f"config.json rope_parameters.sliding_attention.rope_type={local_type!r}: the sliding "
                      f"layers' RoPE must be 'default' (unscaled)")
-  types = hf.get("layer_types")
-  if types is None:
-    pattern = int(hf.get("sliding_window_pattern", hf.get("_sliding_window_pattern", 6)))
-    if pattern < 1:
-      raise ValueError(f"config.json sliding_window_pattern={pattern} must be >= 1")
-    types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(num_layers)]
-  if len(types) != num_layers or not set(types) <= set(GEMMA3_LAYER_TYPES):
-    raise ValueError(f"config.json layer_types must list {num_layers} entries of {GEMMA3_LAYER_TYPES}, "
-                     f"got {list(types)!r}")
+  types = _layer_types(hf, num_layers, ("sliding_window_pattern", "_sliding_window_pattern"), 6,
+                       "sliding_attention", GEMMA3_LAYER_TYPES)
   sliding = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
   window = hf.get("sliding_window")
   if sliding and (window is None or int(window) < 1):
@@ -268,6 +261,22 @@ def _gemma3_fields(hf: Mapping[str, Any], num_layers: int) -> tuple[dict, dict]:
                     rope_local_theta=local_theta)
 
 
+def _layer_types(hf: Mapping[str, Any], num_layers: int, interval_keys: tuple[str, ...], default: int,
+                 other: str, allowed: tuple[str, ...]) -> list[str]:
+  """config.json's `layer_types`, else (as transformers derives them) every n-th layer
+  'full_attention' and the others `other`, n from the first of `interval_keys` present (else
+  `default`); checked: one entry per layer, each in `allowed`."""
+  types = hf.get("layer_types")
+  if types is None:
+    n = int(next((hf[k] for k in interval_keys if k in hf), default))
+    if n < 1:
+      raise ValueError(f"config.json {interval_keys[0]}={n} must be >= 1")
+    types = [other if (i + 1) % n else "full_attention" for i in range(num_layers)]
+  if len(types) != num_layers or not set(types) <= set(allowed):
+    raise ValueError(f"config.json layer_types must list {num_layers} entries of {allowed}, got {list(types)!r}")
+  return list(types)
+
+
 def _qwen3_next_fields(hf: Mapping[str, Any], num_layers: int, head_dim: int, partial: float) -> dict:
   """Qwen3-Next's knobs, as transformers' Qwen3NextConfig reads them: layers typed by
   `layer_types`, else every `full_attention_interval`-th (default 4) is full attention and the
@@ -275,15 +284,8 @@ def _qwen3_next_fields(hf: Mapping[str, Any], num_layers: int, head_dim: int, pa
   blocks' shared expert (when num_experts > 0)."""
   if hf.get("attention_bias"):
     raise ValueError("config.json attention_bias=True is not implemented for qwen3_next (no checkpoint has it)")
-  types = hf.get("layer_types")
-  if types is None:
-    interval = int(hf.get("full_attention_interval", 4))
-    if interval < 1:
-      raise ValueError(f"config.json full_attention_interval={interval} must be >= 1")
-    types = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(num_layers)]
-  if len(types) != num_layers or not set(types) <= set(QWEN3_NEXT_LAYER_TYPES):
-    raise ValueError(f"config.json layer_types must list {num_layers} entries of {QWEN3_NEXT_LAYER_TYPES}, "
-                     f"got {list(types)!r}")
+  types = _layer_types(hf, num_layers, ("full_attention_interval",), 4, "linear_attention",
+                       QWEN3_NEXT_LAYER_TYPES)
   rotary = int(head_dim * partial)
   if not 0 < rotary <= head_dim or rotary % 2:
     raise ValueError(f"config.json partial_rotary_factor={partial}: head_dim {head_dim} x it must be an even "
