@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from dockyard.policy import TrainBatch
 from dockyard.trainer_jax import loss as losses
 from dockyard.trainer_jax import lora, quant
 from dockyard.trainer_jax.model import Dense, HeadsProj, OutProj
 from dockyard.trainer_jax.policy import JaxPolicy
+from tests.trainer_jax.test_jax_lora import _batch, _randomize_adapters
 
 
 def _qlora_config(config, base_quant, **kw):
@@ -24,23 +24,6 @@ def _qlora_config(config, base_quant, **kw):
   cfg.policy.lora.update(enabled=True, rank=4, alpha=8.0, base_quant=base_quant, **kw)
   cfg.optim.lr = 1e-2
   return cfg
-
-
-def _batch(seed=0, b=8, t=20, vocab=1024):
-  rng = np.random.default_rng(seed)
-  ids = rng.integers(3, vocab, (b, t)).astype(np.int32)
-  am = np.ones_like(ids)
-  am[-1, t - 5:] = 0
-  lm = (am > 0).astype(np.float32)
-  lm[:, :4] = 0
-  return TrainBatch(ids, am, lm)
-
-
-def _randomize_adapters(policy, seed=0):
-  rng = np.random.default_rng(seed)
-  for adapter in lora.adapters(policy.model).values():
-    b = adapter.lora_b[...]
-    adapter.lora_b.set_value(jax.device_put(rng.normal(0, 0.05, b.shape).astype(np.float32), b.sharding))
 
 
 def _raw(policy):

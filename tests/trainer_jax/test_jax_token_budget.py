@@ -15,6 +15,7 @@ from dockyard.trainer_jax import hf_io
 from dockyard.trainer_jax import sharding as shd
 from dockyard.trainer_jax.loss import make_pg_loss, nll_loss
 from dockyard.trainer_jax.policy import JaxPolicy
+from tests.trainer_jax.test_jax_packing import _with_pg_extras
 
 PG = make_pg_loss(LossConfig(normalization="sequence", reference_policy_kl_penalty=0.1))
 
@@ -50,14 +51,6 @@ def _batch(vocab, lengths, t=None, seed=0):
   for i, n in enumerate(lengths):
     attn[i, :n], ids[i, n:], loss[i, 3:n] = 1, 0, 1
   return TrainBatch(ids, attn, loss, extras={"advantages": rng.standard_normal(b).astype(np.float32)})
-
-
-def _with_pg_extras(batch, lp, seed=0):
-  rng = np.random.default_rng(seed)
-  noise = lambda: (0.2 * rng.standard_normal(lp.shape)).astype(np.float32) * batch.attention_mask
-  return TrainBatch(batch.input_ids, batch.attention_mask, batch.loss_mask, extras=dict(
-      batch.extras, prev_logprobs=lp + noise(), generation_logprobs=lp + noise(),
-      reference_logprobs=lp + noise()))
 
 
 def _params(policy):

@@ -44,9 +44,7 @@ def _config(**moe):
 def test_qwen3_moe_torch_matches_jax(moe_path):
   import jax
 
-  from dockyard.trainer_jax import loss as jax_loss
   from dockyard.trainer_jax.policy import JaxPolicy
-  from dockyard.trainer_torch import loss as torch_loss
   from dockyard.trainer_torch.policy import TorchPolicy
   cfg = _config()
   torch_policy = TorchPolicy.from_hf(moe_path, cfg)   # its name check: fused experts = the name-map
@@ -59,20 +57,12 @@ def test_qwen3_moe_torch_matches_jax(moe_path):
   print(f"max |logprob torch - jax| = {np.abs(lp_t - lp_j).max():.2e}")
   np.testing.assert_allclose(lp_t, lp_j, rtol=0, atol=1e-4)
 
-  lc = torch_common.loss_config(cfg)
-  batch = torch_common.with_prev(batch, lp_t)
-  m_t = torch_policy.train_step(batch, torch_loss.make_pg_loss(lc))
-  m_j = jax_policy.train_step(batch, jax_loss.make_pg_loss(lc))
-  print({k: (m_t[k], m_j[k]) for k in ("loss", "pg_loss", "moe_aux_loss", "moe_z_loss", "grad_norm")})
+  m_t, t = torch_common.pg_step_on_both(
+      torch_policy, jax_policy, cfg, batch, lp_t,
+      ("loss", "pg_loss", "grad_norm", "moe_aux_loss", "moe_z_loss", "moe_load_max", "moe_load_min"))
   assert m_t["moe_aux_loss"] > 0.5 and m_t["moe_z_loss"] > 1.0   # real terms (per micro-batch mean)
-  for k in ("loss", "pg_loss", "grad_norm", "moe_aux_loss", "moe_z_loss", "moe_load_max", "moe_load_min"):
-    assert m_t[k] == pytest.approx(m_j[k], rel=1e-4, abs=1e-6), k
-  t, j = dict(torch_policy.named_weights()), dict(jax_policy.named_weights())
-  assert list(t) == list(j) and "model.layers.1.mlp.experts.5.up_proj.weight" in t
+  assert "model.layers.1.mlp.experts.5.up_proj.weight" in t
   assert "model.layers.2.mlp.up_proj.weight" in t   # the dense layer keeps its MLP names
-  worst = max(float(np.abs(t[n] - j[n]).max()) for n in t)
-  print(f"max |w torch - w jax| after 1 step = {worst:.2e}")
-  assert worst <= 5e-5
 
 
 def test_qwen3_moe_packed_step_matches_jax(moe_path):

@@ -62,3 +62,27 @@ def with_prev(batch: TrainBatch, logprobs: np.ndarray, seed: int = 1) -> TrainBa
   prev = (logprobs + rng.normal(scale=0.1, size=logprobs.shape)).astype(np.float32)
   return TrainBatch(batch.input_ids, batch.attention_mask, batch.loss_mask,
                     {**batch.extras, "prev_logprobs": prev}, batch.temperature)
+
+
+def pg_step_on_both(torch_policy, jax_policy, cfg, batch: TrainBatch, logprobs: np.ndarray,
+                    keys: tuple[str, ...]) -> tuple[dict, dict]:
+  """One clipped-PG step on each trainer from `batch` (prev logprobs from `logprobs`, `with_prev`):
+  the metrics `keys` agree (rel 1e-4), and so do the updated weights, name for name (<= 5e-5).
+  Returns the torch step's metrics and weights (HF name -> array)."""
+  import pytest
+
+  from dockyard.trainer_jax import loss as jax_loss
+  from dockyard.trainer_torch import loss as torch_loss
+  lc = loss_config(cfg)
+  batch = with_prev(batch, logprobs)
+  m_t = torch_policy.train_step(batch, torch_loss.make_pg_loss(lc))
+  m_j = jax_policy.train_step(batch, jax_loss.make_pg_loss(lc))
+  print({k: (m_t[k], m_j[k]) for k in keys})
+  for k in keys:
+    assert m_t[k] == pytest.approx(m_j[k], rel=1e-4, abs=1e-6), k
+  t, j = dict(torch_policy.named_weights()), dict(jax_policy.named_weights())
+  assert list(t) == list(j)
+  worst = max(float(np.abs(t[n] - j[n]).max()) for n in t)
+  print(f"max |w torch - w jax| after 1 step = {worst:.2e}")
+  assert worst <= 5e-5
+  return m_t, t
