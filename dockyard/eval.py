@@ -44,9 +44,7 @@ def sampled_pass_at_k(config, *, generator, env, tokenizer, tasks, loop, max_in_
   sampling = SamplingParams(temperature=float(eval_cfg.temperature), top_p=1.0,
                             max_tokens=rollout.max_new_tokens)
   if episodes is not None:
-    async def play():
-      return await asyncio.gather(*[episodes.group(t, sampling, n=n) for t in tasks])
-    groups = list(loop.run_until_complete(play()))
+    groups = loop.run_until_complete(episodes.groups(tasks, sampling, n))
   else:
     groups = collect_groups(generator, env, tokenizer, tasks, n, sampling)
     loop.run_until_complete(score_groups(env, groups, max_in_flight))

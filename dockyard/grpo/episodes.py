@@ -109,6 +109,11 @@ class EpisodeGroups:
     lost, self._lost = self._lost, 0
     return {**episode_metrics(played), "agent/lost_groups": float(lost)}
 
+  async def groups(self, tasks: Sequence[Mapping[str, Any]], sampling: SamplingParams,
+                   n: int | None = None) -> list[Group]:
+    """`group` for each task, concurrently (validation and eval: n episodes per task)."""
+    return list(await asyncio.gather(*[self.group(t, sampling, n=n) for t in tasks]))
+
   async def play_oracle(self, tasks: Sequence[Mapping[str, Any]]) -> tuple[list[Episode], list[str]]:
     """The tasks' reference solutions played as episodes in sessions (`dockyard.agent.oracle`):
     those their grader passes, and the instance ids of the others. For an SFT warm start on the

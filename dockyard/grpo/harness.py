@@ -127,9 +127,7 @@ def run_validation(generator: Generator, env, tokenizer, tasks: Sequence[Mapping
   """
   run = loop if callable(loop) else loop.run_until_complete
   if episodes is not None:
-    async def play():
-      return await asyncio.gather(*[episodes.group(t, sampling, n=1) for t in tasks])
-    groups = list(run(play()))
+    groups = run(episodes.groups(tasks, sampling, n=1))
   else:
     groups = collect_groups(generator, env, tokenizer, tasks, 1, sampling)
     run(score_groups(env, groups, max_in_flight))

@@ -97,7 +97,8 @@ class RefitCanary:
     if mean_bound is not None and not metrics["mean_abs_logprob_delta"] <= mean_bound:
       raise RefitCanaryError(
           f"refit canary failed{'' if version is None else f' at weight version {version}'}: "
-          f"mean |Δ logprob| {metrics['mean_abs_logprob_delta']:.3g} > {mean_bound} (max "
+          f"mean |Δ logprob| {metrics['mean_abs_logprob_delta']:.3g} > "
+          f"config.refit.canary.max_mean_abs_logprob_delta={mean_bound} (max "
           f"{metrics['max_abs_logprob_delta']:.3g}); the engine's weights do not match the trainer's")
     noise = metrics["max_abs_logprob_delta" if mean_bound is None else "mean_abs_logprob_delta"]
     self._last = (trainer, engine, noise)
