@@ -14,7 +14,9 @@ def init_ray(address: str = "", num_cpus: int | None = None):
   if address:
     ray.init(address=address, **kwargs)
   else:
-    ray.init(num_cpus=num_cpus or max(os.cpu_count() or 1, 2), **kwargs)
+    # 'local': a new Ray of this process's own, even where `ray start` left a cluster on this machine
+    # (a plain ray.init() would join that one)
+    ray.init(address="local", num_cpus=num_cpus or max(os.cpu_count() or 1, 2), **kwargs)
   return ray
 
 

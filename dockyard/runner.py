@@ -2,8 +2,8 @@
 
 The order matters on a small machine: Ray first (before JAX spins up threads), then the
 environment (and the local sandbox fleet for SWE when no URLs are configured), the policy, the
-vLLM rollout fleet, the weight synchronizer, the trajectory source the config selects (sync or
-async); then `grpo.loop.grpo_train` over it (or, in eval mode, one validation pass over the test
+vLLM rollout fleet, the weight synchronizer, the experience data plane's workers when
+`rollout.data_plane` is set, the trajectory source the config selects (sync or async); then `grpo.loop.grpo_train` over it (or, in eval mode, one validation pass over the test
 split). A config with a `dpo` section (configs/dpo.py) runs `dpo.loop.dpo_train` instead: the
 policy, its frozen reference and the preference pairs, no Ray and no engines; one with an `sft`
 section (configs/sft.py) runs `supervised.loop.sft_train`: the policy, the chats, and a vLLM engine
@@ -14,6 +14,8 @@ out, and the failing component is named in the error.
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 import json
 import logging
 import os
@@ -111,6 +113,29 @@ def build_env(config, tokenizer, stack: contextlib.ExitStack) -> tuple[Any, list
                   issue_token_budget=config.env.code.get("issue_token_budget", 0),
                   reward=config.env.code.reward, repos_dir=repos_dir)
   return env, train, val, test
+
+
+def worker_env(config, sandbox_urls, tokenizer):
+  """The env an experience worker of the data plane scores with (`rollout.data_plane`, in the
+  worker's process): `build_env`'s, on the run's sandbox executors (`sandbox_urls`: the ones the
+  driver's env uses; no fleet is started here)."""
+  config = copy.deepcopy(config)
+  if "code" in config.env:
+    config.env.code.sandbox_urls = tuple(sandbox_urls)
+  env, *_ = build_env(config, tokenizer, contextlib.ExitStack())   # nothing to close: urls given
+  return env
+
+
+def data_plane(config, generator, env, model_path: str, stack: contextlib.ExitStack):
+  """The experience data plane `config.rollout.data_plane` names (None: the colocated path)."""
+  if not config.rollout.get("data_plane"):
+    return None
+  from dockyard.rollout.data_plane import ObjectStorePlane
+  urls = tuple(getattr(getattr(env, "client", None), "urls", ()))
+  with console.phase("starting the experience workers of the data plane"):
+    plane = ObjectStorePlane(generator, functools.partial(worker_env, config, urls), model_path)
+  stack.callback(plane.close)
+  return plane
 
 
 def reward_model_env(config, env):
@@ -348,7 +373,8 @@ def run(config, paths: dict[str, str]) -> None:
     with component("source"):
       from dockyard.grpo.source import make_source   # sync or async, as the config says
       source = make_source(config, generator=generator, env=env, tokenizer=tokenizer,
-                           train_tasks=train_tasks, synchronizer=synchronizer)
+                           train_tasks=train_tasks, synchronizer=synchronizer,
+                           plane=data_plane(config, generator, env, model_path, stack))
     setup_s = time.perf_counter() - t0
     from dockyard.grpo.loop import grpo_train
     # The KL penalty's reference: a factory for a second policy from the same checkpoint; the loop

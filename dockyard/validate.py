@@ -248,6 +248,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
       math_env.MathConfig.from_config(config)
     except ValueError as err:
       raise ConfigError("env.math", str(err).removeprefix("env.math.")) from None
+  _validate_data_plane(config)
   if "reward_model" in config.env and config.env.reward_model.path:
     path = config.env.reward_model.path
     if not os.path.exists(os.path.join(path, "config.json")):
@@ -273,6 +274,20 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise ConfigError("checkpoint.metric_mode", f"must be 'max' or 'min', got {config.checkpoint.metric_mode!r}")
   if config.checkpoint.keep_top_k < 1:
     raise ConfigError("checkpoint.keep_top_k", f"must be >= 1, got {config.checkpoint.keep_top_k}")
+
+
+def _validate_data_plane(config) -> None:
+  plane = config.rollout.get("data_plane")
+  if plane is None:
+    return
+  if plane != "object_store":
+    raise ConfigError("rollout.data_plane", f"must be None (colocated) or 'object_store', got {plane!r}")
+  if "agent" in config:
+    raise ConfigError("rollout.data_plane", "agent episodes keep their session on one executor and are "
+                      "played from the driver; the data plane carries single-shot groups only: set it to None")
+  if "reward_model" in config.env and config.env.reward_model.path:
+    raise ConfigError("rollout.data_plane", "with env.reward_model.path each experience worker would load "
+                      "the reward model; set one of them to None / ''")
 
 
 def _validate_policy(config) -> None:
@@ -510,7 +525,7 @@ def _validate_objective(config) -> None:
   _validate_pair_micro_batch(config)
 
 
-DISTILL_KEYS = ("teachers", "weights", "reward_weight", "loss", "top_k")
+DISTILL_KEYS = ("teachers", "weights", "reward_weight", "loss", "top_k", "combine")
 
 
 def _validate_distill(config) -> None:
@@ -525,7 +540,7 @@ def _validate_distill(config) -> None:
   teachers = tuple(distill.teachers)
   if not teachers:
     raise ConfigError("grpo.distill.teachers", "names no teacher: give one or more HF directories (or "
-                      "package:<name>) of models that share the student's tokenizer")
+                      "package:<name>)")
   for spec in teachers:
     if str(spec).startswith("package:"):
       _check_package("grpo.distill.teachers", str(spec))
@@ -535,11 +550,23 @@ def _validate_distill(config) -> None:
   if weights and (len(weights) != len(teachers) or min(weights) < 0 or abs(sum(weights) - 1) > 1e-6):
     raise ConfigError("grpo.distill.weights", f"must be one weight >= 0 per teacher, summing to 1 (or "
                       f"empty: equal weights), got {list(weights)} for {len(teachers)} teachers")
+  if distill.combine not in ("weighted", "select"):
+    raise ConfigError("grpo.distill.combine", f"must be 'weighted' (the weights' sum) or 'select' (one "
+                      f"teacher per prompt), got {distill.combine!r}")
+  if distill.combine == "select" and weights:
+    raise ConfigError("grpo.distill.weights", "are the weighted sum's; grpo.distill.combine='select' "
+                      f"gives each prompt one teacher: leave them empty, got {list(weights)}")
   if float(distill.reward_weight) < 0:
     raise ConfigError("grpo.distill.reward_weight", f"must be >= 0, got {distill.reward_weight}")
   if distill.loss not in ("topk_kl", "sampled_token"):
     raise ConfigError("grpo.distill.loss", f"must be 'topk_kl' or 'sampled_token', got {distill.loss!r}")
   if distill.loss == "topk_kl":
+    other = _teacher_with_another_tokenizer(config)
+    if other is not None:
+      raise ConfigError("grpo.distill.loss", f"'topk_kl' compares next-token distributions token by "
+                        f"token, which needs one vocabulary, and teacher {other!r} has another tokenizer "
+                        "than the student's: use loss='sampled_token' (aligned on text spans, "
+                        "docs/distill.md) or a teacher that shares the student's tokenizer")
     if int(distill.top_k) < 1:
       raise ConfigError("grpo.distill.top_k", f"must be >= 1 (tokens per position), got {distill.top_k}")
     if float(config.loss_fn.reference_policy_kl_penalty) != 0:
@@ -559,6 +586,44 @@ def _validate_distill(config) -> None:
   if grpo.dynamic_sampling:
     raise ConfigError("grpo.dynamic_sampling", "on-policy distillation learns from every sample "
                       "(a group flat in reward still has the teachers' per-token signal): set it False")
+
+
+def _tokenizer_file(spec: str) -> str | None:
+  """The tokenizer.json of a model spec (an HF directory, or a package:<name> already converted),
+  where it is on disk without building or converting anything."""
+  from dockyard.models import packaged
+  if packaged.is_package_spec(spec):
+    try:
+      spec = packaged.cache_dir(packaged.lookup(spec))
+    except packaged.PackagedModelError:
+      return None
+  path = os.path.join(spec, "tokenizer.json") if spec else ""
+  return path if os.path.isfile(path) else None
+
+
+def _teacher_with_another_tokenizer(config) -> str | None:
+  """The first distillation teacher whose vocabulary differs from the student's, where both are on
+  disk now (a tiny student that trains its tokenizer at build time is checked there instead,
+  `policy_factory.make_update`)."""
+  from tokenizers import Tokenizer
+
+  def vocab(path):
+    try:
+      return Tokenizer.from_file(path).get_vocab(with_added_tokens=True)
+    except Exception:   # a tokenizer.json that `tokenizers` cannot read: left to the build's check
+      return None
+  tiny = config.policy.tiny.get("tokenizer_from", "") if "tiny" in config.policy else ""
+  student = str(config.policy.model_name_or_path or tiny or "")
+  mine = _tokenizer_file(student)
+  mine = vocab(mine) if mine else None
+  if mine is None:
+    return None
+  for spec in config.grpo.distill.teachers:
+    theirs = _tokenizer_file(str(spec)) if str(spec) != student else None
+    theirs = vocab(theirs) if theirs else None
+    if theirs is not None and theirs != mine:
+      return str(spec)
+  return None
 
 
 def _validate_pair_micro_batch(config) -> None:

@@ -7,8 +7,10 @@
                 weights while the trainer trains (`dockyard.grpo.async_source`)
 Either plays multi-turn agent episodes instead of single-shot completions when the config has an
 `agent` section (`dockyard.grpo.episodes.EpisodeGroups`: a group is n episodes, each completion
-carrying its per-token loss mask over several generated segments). `make_source(config, ...)`
-picks a source from the config.
+carrying its per-token loss mask over several generated segments). With a data plane
+(`rollout.data_plane`, `dockyard.rollout.data_plane`) either has each single-shot group generated
+and scored by the experience worker beside an engine and reads it from the object store.
+`make_source(config, ...)` picks a source from the config.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from dockyard.grpo.episodes import EpisodeGroups
 from dockyard.grpo.harness import max_in_flight, sampling_params, timed
 from dockyard.grpo.step import PromptSampler, collect_groups, rollout_stats, score_groups
 from dockyard.rollout.base import Generator
+from dockyard.rollout.chat import encode_prompt
 
 
 class TrajectorySource(Protocol):
@@ -61,8 +64,9 @@ class SyncSource:
   name = "grpo"
 
   def __init__(self, config, *, generator: Generator, env, tokenizer, train_tasks: Sequence[Mapping[str, Any]],
-               episodes: EpisodeGroups | None = None):
+               episodes: EpisodeGroups | None = None, plane=None):
     self.generator, self.env, self.tokenizer, self.episodes = generator, env, tokenizer, episodes
+    self.plane = plane
     self.per_step, self.n = int(config.grpo.num_prompts_per_step), int(config.grpo.num_generations_per_prompt)
     self.seed, self.max_in_flight = int(config.run.seed), max_in_flight(config)
     self.sampling = sampling_params(config)
@@ -84,6 +88,10 @@ class SyncSource:
       with timed(times, "generate"):
         groups = self.run(self._episode_groups(tasks))
       return groups, {**rollout_stats(groups, times["time/generate"]), **self.episodes.metrics(), **times}
+    if self.plane is not None:   # generated and scored beside the engines, read from the object store
+      with timed(times, "generate"):
+        groups = self.run(self._plane_groups(tasks))
+      return groups, {**rollout_stats(groups, times["time/generate"]), **times}
     with timed(times, "generate"):
       groups = collect_groups(self.generator, self.env, self.tokenizer, tasks, self.n, self.sampling)
     with timed(times, "score"):
@@ -95,6 +103,14 @@ class SyncSource:
     return list(await asyncio.gather(*(
         self.episodes.group(t, dataclasses.replace(self.sampling, seed=derive_seed(self.sampling.seed, j)))
         for j, t in enumerate(tasks))))
+
+  async def _plane_groups(self, tasks) -> list[Group]:
+    async def one(j, task):
+      prompt = encode_prompt(self.tokenizer, self.env.prompt_messages(task))
+      sampling = dataclasses.replace(self.sampling, seed=derive_seed(self.sampling.seed, j))
+      prompt, completions, texts, rewards, _ = await self.plane.group(task, prompt, self.n, sampling)
+      return Group(task=task, prompt_ids=prompt, completions=completions, texts=texts, rewards=rewards)
+    return list(await asyncio.gather(*(one(j, t) for j, t in enumerate(tasks))))
 
   def around_refit(self, step: int) -> ContextManager:
     return contextlib.nullcontext()
@@ -113,14 +129,15 @@ class SyncSource:
 
 
 def make_source(config, *, generator: Generator, env, tokenizer, train_tasks: Sequence[Mapping[str, Any]],
-                synchronizer) -> TrajectorySource:
+                synchronizer, plane=None) -> TrajectorySource:
   """The source `config.grpo.async_grpo.enabled` selects (the synchronizer: the async source
   maps engine weight versions to steps around each push), playing agent episodes when the
-  config has an `agent` section."""
+  config has an `agent` section; `plane`: the data plane's driver side
+  (`dockyard.rollout.data_plane.ObjectStorePlane`), None for the colocated path."""
   episodes = (EpisodeGroups(config, generator=generator, env=env, tokenizer=tokenizer)
               if "agent" in config else None)
   if config.grpo.async_grpo.enabled:
     return AsyncSource(config, generator=generator, env=env, tokenizer=tokenizer, train_tasks=train_tasks,
-                       synchronizer=synchronizer, episodes=episodes)
+                       synchronizer=synchronizer, episodes=episodes, plane=plane)
   return SyncSource(config, generator=generator, env=env, tokenizer=tokenizer, train_tasks=train_tasks,
-                    episodes=episodes)
+                    episodes=episodes, plane=plane)

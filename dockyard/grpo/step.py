@@ -21,7 +21,7 @@ import numpy as np
 
 from dockyard.grpo.advantages import compute_advantages
 from dockyard.grpo.batch import Group, make_train_batch
-from dockyard.rollout.chat import encode_prompt
+from dockyard.rollout.chat import decode, encode_prompt
 from dockyard.grpo.shaping import ShapingConfig, shape_reward
 from dockyard.policy import LossFn, Policy, TrainBatch
 from dockyard.rollout.base import Completion, Generator, SamplingParams
@@ -58,10 +58,6 @@ class PromptSampler:
 
   def load(self, state: Mapping[str, int]) -> None:
     self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
-
-
-def decode(tokenizer, c: Completion) -> str:
-  return c.text if c.text else tokenizer.decode(c.token_ids, skip_special_tokens=True)
 
 
 def collect_groups(generator: Generator, env, tokenizer, tasks: Sequence[Mapping[str, Any]], n: int,

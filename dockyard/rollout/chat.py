@@ -1,4 +1,5 @@
-"""Chat messages -> prompt token ids through the tokenizer's own chat template.
+"""Chat messages -> prompt token ids through the tokenizer's own chat template (`encode_prompt`);
+a completion's ids -> its text (`decode`).
 
 The one prompt encoder: the GRPO trajectory sources and the evaluator build prompts with
 `encode_prompt`, so the ids vLLM samples from are exactly the ids the trainer later scores. SFT
@@ -26,3 +27,9 @@ def encode_prompt(tokenizer, messages: Sequence[Mapping[str, str]],
   if isinstance(ids, Mapping):   # some tokenizers still return a BatchEncoding
     ids = ids["input_ids"]
   return [int(t) for t in ids]
+
+
+def decode(tokenizer, completion) -> str:
+  """A completion's text: the engine's own detokenization when it sent one, else the tokenizer's
+  (special tokens skipped)."""
+  return completion.text if completion.text else tokenizer.decode(completion.token_ids, skip_special_tokens=True)
