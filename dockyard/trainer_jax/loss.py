@@ -113,13 +113,16 @@ def topk_kl_loss(logprobs, loss_mask, extras: Mapping[str, Any], weights):
   student = extras["topk_logprobs"].astype(jnp.float32)
   teacher = jax.lax.stop_gradient(jnp.asarray(extras["teacher_topk_logprobs"], jnp.float32))
   k = student.shape[-1] // len(weights)
+  rows = extras.get("teacher_weights")   # [B, M], each row's teacher weights (the spec's)
+  rows = (jnp.asarray(rows, jnp.float32) if rows is not None
+          else jnp.broadcast_to(jnp.asarray(weights, jnp.float32), (m.shape[0], len(weights))))
   per_token, mass0 = jnp.zeros_like(m), None
-  for i, w in enumerate(weights):
+  for i in range(len(weights)):
     s, q = student[..., i * k:(i + 1) * k], teacher[..., i * k:(i + 1) * k]
     ps, pq = jnp.exp(s), jnp.exp(q)
     rest_s = jnp.maximum(1.0 - ps.sum(-1), REST_FLOOR)
     rest_q = jnp.maximum(1.0 - pq.sum(-1), REST_FLOOR)
-    per_token = per_token + float(w) * ((ps * (s - q)).sum(-1) + rest_s * (jnp.log(rest_s) - jnp.log(rest_q)))
+    per_token = per_token + rows[:, i, None] * ((ps * (s - q)).sum(-1) + rest_s * (jnp.log(rest_s) - jnp.log(rest_q)))
     mass0 = ps.sum(-1) if mass0 is None else mass0
   loss = (per_token * m).sum() / total_tokens
   sg = jax.lax.stop_gradient

@@ -117,13 +117,16 @@ def topk_kl_loss(logprobs, loss_mask, extras: Mapping[str, Any], weights):
   total_tokens = _totals(m, m.sum(-1), extras)[0]
   teacher = _f32(extras["teacher_topk_logprobs"], student)
   k = student.shape[-1] // len(weights)
+  rows = extras.get("teacher_weights")   # [B, M], each row's teacher weights (the spec's)
+  rows = (_f32(rows, student) if rows is not None
+          else torch.tensor(weights, dtype=torch.float32, device=student.device).expand(m.shape[0], len(weights)))
   per_token, mass0 = torch.zeros_like(m), None
-  for i, w in enumerate(weights):
+  for i in range(len(weights)):
     s, q = student[..., i * k:(i + 1) * k], teacher[..., i * k:(i + 1) * k]
     ps, pq = s.exp(), q.exp()
     rest_s = (1.0 - ps.sum(-1)).clamp_min(REST_FLOOR)
     rest_q = (1.0 - pq.sum(-1)).clamp_min(REST_FLOOR)
-    per_token = per_token + float(w) * ((ps * (s - q)).sum(-1) + rest_s * (rest_s.log() - rest_q.log()))
+    per_token = per_token + rows[:, i, None] * ((ps * (s - q)).sum(-1) + rest_s * (rest_s.log() - rest_q.log()))
     mass0 = ps.sum(-1) if mass0 is None else mass0
   loss = (per_token * m).sum() / total_tokens
   return loss, dict(topk_kl=loss.detach(), topk_student_mass=((mass0 * m).sum() / total_tokens).detach())

@@ -44,7 +44,10 @@ def test_the_spec_by_hand():
   assert both == pytest.approx(0.25 * loss + 0.75 * rev, abs=1e-9)
 
 
-def test_jax_and_torch_losses_follow_the_spec_with_equal_gradients():
+@pytest.mark.parametrize("per_row", [False, True])
+def test_jax_and_torch_losses_follow_the_spec_with_equal_gradients(per_row):
+  """per_row: the batch carries each row's teacher weights (`teacher_weights` [B, M]: one-hot rows,
+  a teacher chosen per group, and a mixed row), which replace the closed-over weights."""
   import jax
   import jax.numpy as jnp
   import torch
@@ -53,8 +56,20 @@ def test_jax_and_torch_losses_follow_the_spec_with_equal_gradients():
   from dockyard.trainer_torch import loss as torch_loss
   student, m, extras = _random_case()
   weights = (0.3, 0.7)
+  if per_row:
+    extras["teacher_weights"] = np.array([[1, 0], [0, 1], [0.6, 0.4]], np.float32)
+    rows = [spec(student[r:r + 1], m[r:r + 1], {k: v[r:r + 1] if np.ndim(v) else v for k, v in extras.items()},
+                 weights)[0] for r in range(3)]
+    by_hand = [spec(student[r:r + 1, :, 4 * i:4 * i + 4], m[r:r + 1],
+                    {"teacher_topk_logprobs": extras["teacher_topk_logprobs"][r:r + 1, :, 4 * i:4 * i + 4],
+                     "total_tokens": extras["total_tokens"]}, (1.0,))[0] for r, i in ((0, 0), (1, 1))]
+    np.testing.assert_allclose(rows[:2], by_hand, rtol=1e-12)   # a one-hot row is that teacher's KL
   want, want_metrics = spec(student, m, extras, weights)
   assert want > 0
+  if per_row:
+    assert want == pytest.approx(sum(rows), rel=1e-12)
+    assert want != pytest.approx(spec(student, m, {k: v for k, v in extras.items() if k != "teacher_weights"},
+                                      weights)[0], rel=1e-3)
 
   jfn = jax_loss.make_topk_kl_loss(weights)
   def jloss(s):
