@@ -83,6 +83,13 @@ class WeightSynchronizer:
     self._version = version
     metrics = {"refit/version": float(version), "refit/time_s": elapsed, "refit/bytes": float(nbytes),
                "refit/gbytes_per_s": nbytes / max(elapsed, 1e-9) / 1e9}
+    # A Ray fleet: the versions its engines reported after this load (checked equal to `version`
+    # there) and how many engines it has restarted, so a restart shows up next to its next sync.
+    versions = getattr(self.generator, "engine_versions", None)
+    if versions:
+      metrics["refit/engine_version_min"] = float(min(versions))
+    if hasattr(self.generator, "restarts"):
+      metrics["refit/engine_restarts"] = float(self.generator.restarts)
     if self.canary is not None:
       start = time.perf_counter()
       canary = self.canary.check(self.policy, self.generator, version)

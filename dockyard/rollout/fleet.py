@@ -4,12 +4,17 @@
 `agenerate` sends one request to the least-loaded engine and is awaitable (many in flight for the
 async GRPO loop). An engine that dies (`ray.kill`, OOM, node loss) is restarted in its placement
 group, gets the latest weights the fleet holds, and its in-flight requests are retried.
+Every weight load checks the version each engine reports back: an engine that is not at the
+version just pushed is an error, and so is a restarted engine the fleet cannot bring to its
+current version (shared-memory and broadcast transports keep no copy of the weights), rather
+than one that silently samples with its checkpoint's weights.
 Ray is started locally unless `config.run.ray_address` names a cluster.
 """
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import os
 import queue
 import threading
@@ -21,6 +26,8 @@ import dockyard
 from dockyard import ray_utils
 from dockyard.rollout import wire
 from dockyard.rollout.base import Completion, Generator, SamplingParams
+
+log = logging.getLogger(__name__)
 
 MAX_CONCURRENCY = 64   # actor threads: queued generate calls + weight loads + scoring
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(dockyard.__file__)))
@@ -152,6 +159,7 @@ class RolloutFleet(Generator):
     self.lora_enabled = adapter_mode
     self._lock = threading.Lock()
     self.restarts = 0
+    self.engine_versions = [0] * n   # what each engine reported after its last weight load
     self._group_restarts = -1      # `restarts` when the broadcast group was last joined
     self.in_flight = [0] * n
     self.served = [0] * n            # requests completed per engine
@@ -198,13 +206,30 @@ class RolloutFleet(Generator):
       except Exception:  # already gone
         pass
       actor = self._start(i)
-      self._ray.get(actor.info.remote())
+      version = self._ray.get(actor.info.remote())["version"]
       if self._latest_packed is not None:
-        self._ray.get(actor.load_packed.remote(self._latest_packed, self._version))
+        version = self._ray.get(actor.load_packed.remote(self._latest_packed, self._version))
       if self._latest_adapter is not None:
-        self._ray.get(actor.load_lora_adapter.remote(self._latest_adapter, self._version))
+        version = self._ray.get(actor.load_lora_adapter.remote(self._latest_adapter, self._version))
+      if version != self._version:   # never sample with weights older than the fleet's
+        self._ray.kill(actor)
+        raise RuntimeError(
+            f"rollout engine {i} died and was restarted at weight version {version}, but the fleet "
+            f"is at version {self._version} and keeps no copy of those weights (the shared-memory "
+            f"and broadcast transports hand them over once); use refit.transport='object_store' "
+            f"to survive engine restarts")
       self.actors[i] = actor
       self.in_flight[i] = 0
+      self.engine_versions[i] = version
+      log.warning("rollout engine %d died; restarted it (restart %d) at weight version %d",
+                  i, self.restarts, version)
+
+  def _loaded(self, versions: Sequence[int], version: int) -> None:
+    """Records the versions the engines reported after a load; raises unless all are `version`."""
+    versions = [int(v) for v in versions]
+    if any(v != int(version) for v in versions):
+      raise RuntimeError(f"weight version {version} was pushed but the engines report {versions}")
+    self.engine_versions = versions
 
   def engine_info(self) -> list[dict]:
     """Per engine: pid, weight version, vocab size, vLLM batches run."""
@@ -291,11 +316,12 @@ class RolloutFleet(Generator):
   def load_packed(self, packed, version: int) -> None:
     """One `ray.put`, read by every engine from the object store; kept for restarted engines."""
     ref = self._ray.put(packed)
-    self._ray.get([a.load_packed.remote(ref, version) for a in self.actors])
+    self._loaded(self._ray.get([a.load_packed.remote(ref, version) for a in self.actors]), version)
     self._latest_packed, self._version = ref, int(version)
 
   def load_shared_memory(self, block_name: str, index, version: int) -> None:
-    self._ray.get([a.load_shared_memory.remote(block_name, index, version) for a in self.actors])
+    self._loaded(self._ray.get([a.load_shared_memory.remote(block_name, index, version)
+                                for a in self.actors]), version)
     self._latest_packed, self._version = None, int(version)
 
   def load_lora_adapter(self, path: str, version: int) -> None:
@@ -306,7 +332,7 @@ class RolloutFleet(Generator):
       with open(os.path.join(path, name), "rb") as f:
         files[name] = f.read()
     ref = self._ray.put(files)
-    self._ray.get([a.load_lora_adapter.remote(ref, version) for a in self.actors])
+    self._loaded(self._ray.get([a.load_lora_adapter.remote(ref, version) for a in self.actors]), version)
     self._latest_adapter, self._version = ref, int(version)
 
   # -- the weight-broadcast group (the sender is `dockyard.refit.nccl`, rank 0) ----------------
@@ -335,11 +361,12 @@ class RolloutFleet(Generator):
   def receive_broadcast(self, meta, version: int) -> Callable[[], None]:
     """Starts every engine receiving the tensors `meta` lists [(name, torch dtype, shape)];
     returns the wait, after which `version` is current. Restarted engines cannot be given these
-    weights, so they come back on the checkpoint's until the next sync."""
+    weights (`_restart` refuses to serve from one)."""
     refs = [a.nccl_receive.remote(meta, version) for a in self.actors]
 
     def wait() -> None:
       self._ray.get(refs)
+      self._loaded([info["version"] for info in self.engine_info()], version)
       self._latest_packed, self._version = None, int(version)
     return wait
 

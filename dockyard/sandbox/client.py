@@ -18,6 +18,7 @@ away, the same diff is graded on another.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import re
 import time
@@ -25,6 +26,9 @@ from typing import Any, Sequence
 
 import httpx
 import tenacity
+
+
+log = logging.getLogger(__name__)
 
 
 class SandboxError(RuntimeError):
@@ -140,7 +144,9 @@ class SandboxClient:
         self._load[url] += 1
         try:
           return await self._run_on(url, task, deadline)
-        except _Lost:
+        except _Lost as e:
+          log.warning("sandbox executor %s lost task %r (%s); resubmitting it to another executor",
+                      url, task.get("instance_id"), str(e)[:200])
           self._dead_until[url] = time.monotonic() + self.dead_cooldown_s
           tried.add(url)
           if len(tried) >= len(self.urls):

@@ -165,3 +165,34 @@ def test_shared_memory_sync_into_the_fleet(fleet, policy, config):
   metrics = sync.sync_weights()
   assert metrics["refit/canary/max_abs_logprob_delta"] <= run_config.refit.canary.max_abs_logprob_delta
   assert {i["version"] for i in fleet.engine_info()} == {sync.version}
+
+
+def test_engines_must_report_the_version_pushed():
+  from dockyard.rollout.fleet import RolloutFleet
+  f = object.__new__(RolloutFleet)   # `_loaded` alone: no Ray, no engines
+  f.engine_versions = [0, 0]
+  f._loaded([3, 3], 3)
+  assert f.engine_versions == [3, 3]
+  with pytest.raises(RuntimeError, match=r"weight version 4 was pushed but the engines report \[4, 3\]"):
+    f._loaded([4, 3], 4)
+  assert f.engine_versions == [3, 3]
+
+
+def test_a_restarted_engine_the_fleet_cannot_update_is_an_error(fleet, config, tiny_path, policy):
+  """Shared memory hands the weights over once, so the fleet has nothing to give a restarted
+  engine: it must refuse to sample with the engine's checkpoint weights, not serve them."""
+  from dockyard.rollout.fleet import RolloutFleet
+  run_config = config.copy_and_resolve_references()
+  run_config.refit.transport = "shared_memory"
+  own = RolloutFleet(run_config, tiny_path)   # its own engine: the session fleet stays whole
+  try:
+    sync = create_weight_synchronizer(run_config, policy, own)
+    policy.perturb(0.5, seed=41)
+    sync.sync_weights()
+    assert own.engine_versions == [sync.version] == [1]
+    ray.kill(own.actors[0])
+    with pytest.raises(RuntimeError, match="restarted at weight version 0, but the fleet is at version 1"):
+      own.generate(PROMPTS[:1], 1, SamplingParams(max_tokens=2, seed=7))
+    assert own.restarts == 1
+  finally:
+    own.shutdown()
