@@ -192,7 +192,7 @@ def get_config(arg=None):
       max_restarts=3,                         # per fleet call: engine restarts before giving up
       # None: the driver generates, decodes and scores (colocated) | 'object_store': a worker beside
       # each engine generates and scores; groups reach the trainer through Ray's object store
-      # (dockyard/rollout/data_plane.py; single-shot envs only)
+      # (dockyard/grpo/data_plane.py; single-shot envs only)
       data_plane=ml_collections.config_dict.placeholder(str),
       tensor_parallel_size=8 if full else 1,
       max_model_len=16384 if full else 2048,

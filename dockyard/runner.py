@@ -3,8 +3,8 @@
 The order matters on a small machine: Ray first (before JAX spins up threads), then the
 environment (and the local sandbox fleet for SWE when no URLs are configured), the policy, the
 vLLM rollout fleet, the weight synchronizer, the experience data plane's workers when
-`rollout.data_plane` is set, the trajectory source the config selects (sync or async); then `grpo.loop.grpo_train` over it (or, in eval mode, one validation pass over the test
-split). A config with a `dpo` section (configs/dpo.py) runs `dpo.loop.dpo_train` instead: the
+`rollout.data_plane` is set, the trajectory source the config selects (sync or async); then
+`grpo.loop.grpo_train` over it (or, in eval mode, one validation pass over the test split). A config with a `dpo` section (configs/dpo.py) runs `dpo.loop.dpo_train` instead: the
 policy, its frozen reference and the preference pairs, no Ray and no engines; one with an `sft`
 section (configs/sft.py) runs `supervised.loop.sft_train`: the policy, the chats, and a vLLM engine
 in this process for the generation metric; one with an `rm` section (configs/rm.py) runs
@@ -116,24 +116,24 @@ def build_env(config, tokenizer, stack: contextlib.ExitStack) -> tuple[Any, list
 
 
 def worker_env(config, sandbox_urls, tokenizer):
-  """The env an experience worker of the data plane scores with (`rollout.data_plane`, in the
+  """(env, train_tasks) of an experience worker of the data plane (`rollout.data_plane`, in the
   worker's process): `build_env`'s, on the run's sandbox executors (`sandbox_urls`: the ones the
   driver's env uses; no fleet is started here)."""
   config = copy.deepcopy(config)
   if "code" in config.env:
     config.env.code.sandbox_urls = tuple(sandbox_urls)
-  env, *_ = build_env(config, tokenizer, contextlib.ExitStack())   # nothing to close: urls given
-  return env
+  env, train, _, _ = build_env(config, tokenizer, contextlib.ExitStack())   # nothing to close: urls given
+  return env, train
 
 
-def data_plane(config, generator, env, model_path: str, stack: contextlib.ExitStack):
+def data_plane(config, generator, env, train_tasks, model_path: str, stack: contextlib.ExitStack):
   """The experience data plane `config.rollout.data_plane` names (None: the colocated path)."""
   if not config.rollout.get("data_plane"):
     return None
-  from dockyard.rollout.data_plane import ObjectStorePlane
+  from dockyard.grpo.data_plane import ObjectStorePlane
   urls = tuple(getattr(getattr(env, "client", None), "urls", ()))
   with console.phase("starting the experience workers of the data plane"):
-    plane = ObjectStorePlane(generator, functools.partial(worker_env, config, urls), model_path)
+    plane = ObjectStorePlane(generator, functools.partial(worker_env, config, urls), model_path, train_tasks)
   stack.callback(plane.close)
   return plane
 
@@ -374,7 +374,7 @@ def run(config, paths: dict[str, str]) -> None:
       from dockyard.grpo.source import make_source   # sync or async, as the config says
       source = make_source(config, generator=generator, env=env, tokenizer=tokenizer,
                            train_tasks=train_tasks, synchronizer=synchronizer,
-                           plane=data_plane(config, generator, env, model_path, stack))
+                           plane=data_plane(config, generator, env, train_tasks, model_path, stack))
     setup_s = time.perf_counter() - t0
     from dockyard.grpo.loop import grpo_train
     # The KL penalty's reference: a factory for a second policy from the same checkpoint; the loop

@@ -20,7 +20,7 @@ An episode keeps the tokens of every weight version it spanned (in_flight_policy
 them whatever the config says; 'abort' applies to single-shot groups), and a timeout covers the
 whole group: rollout_timeout_s + score_timeout_s.
 
-With a data plane (`rollout.data_plane`, `dockyard.rollout.data_plane`) a single-shot group is
+With a data plane (`rollout.data_plane`, `dockyard.grpo.data_plane`) a single-shot group is
 generated and scored by the experience worker beside an engine in one call, with one timeout
 (rollout_timeout_s + score_timeout_s) and the in-flight policy applied to the versions it reports;
 a pause before a push (in_flight_weight_updates=False) then waits for its scoring too.
@@ -320,7 +320,6 @@ class Collector:
   async def _one_on_plane(self, seq: int, task: Mapping[str, Any]) -> None:
     """One prompt through the data plane: generated and scored by an experience worker in one
     call (resubmitted on abort, retried on timeout as `_one`), put in the buffer."""
-    prompt = encode_prompt(self.tokenizer, self.env.prompt_messages(task))
     attempt = 0
     while True:
       sampling = dataclasses.replace(self.sampling,
@@ -331,7 +330,7 @@ class Collector:
       submitted_on = self.generator.weight_version
       try:
         prompt, completions, texts, rewards, out = await asyncio.wait_for(
-            self.plane.group(task, prompt, self.n, sampling), self.rollout_timeout + self.score_timeout)
+            self.plane.group(task, self.n, sampling), self.rollout_timeout + self.score_timeout)
       except TimeoutError:
         self.stats.timeouts_rollout += 1
         attempt += 1
@@ -442,7 +441,8 @@ class AsyncSource:
            "time/generate": s.generate_s / max(s.generated_groups, 1),   # per-group latency
            "time/score": s.score_s / max(s.generated_groups, 1),
            "perf/tokens_per_s": (s.generated_tokens - self._tokens_last) / max(now - self._t_last, 1e-9),
-           **self.buffer.metrics(), **(self.episodes.metrics() if self.episodes is not None else {})}
+           **self.buffer.metrics(), **(self.episodes.metrics() if self.episodes is not None else {}),
+           **(self.plane.metrics() if self.plane is not None else {})}
     self._t_last, self._tokens_last = now, s.generated_tokens
     taken = self.entries
     workdir_lib.append_jsonl(self.log_path, [dict(

@@ -19,6 +19,9 @@ import dataclasses
 import logging
 import math
 import os
+import socket
+import stat
+import struct
 import time
 from typing import Any, Callable, Mapping, Sequence
 
@@ -45,6 +48,40 @@ def timed(times: dict, key: str):
     yield
   finally:
     times[f"time/{key}"] = times.get(f"time/{key}", 0.0) + time.perf_counter() - t0
+
+
+def driver_io_bytes() -> float:
+  """Bytes sent plus received so far on this process's open TCP sockets (the kernel's per-socket
+  tcp_info counters: bytes acked + bytes received): engine replies and Ray's control messages
+  (gRPC), HTTP to the sandbox. Memory mapped from Ray's shared-memory object store is not in it,
+  nor a socket closed since (the sandbox client and Ray keep theirs open). NaN where the kernel
+  does not say (not Linux). The step metric `perf/driver_io_bytes` is its change over the step's
+  take + update + refit: what the experience data plane (`rollout.data_plane`) takes off the
+  driver."""
+  if not hasattr(socket, "TCP_INFO") or not os.path.isdir("/proc/self/fd"):
+    return float("nan")
+  total = 0
+  for name in os.listdir("/proc/self/fd"):
+    try:
+      if not stat.S_ISSOCK(os.fstat(int(name)).st_mode):
+        continue
+      sock = socket.socket(fileno=os.dup(int(name)))
+    except OSError:   # closed meanwhile
+      continue
+    try:
+      if sock.type == socket.SOCK_STREAM and sock.family in (socket.AF_INET, socket.AF_INET6):
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_LEN)
+        if len(info) >= _TCP_INFO_LEN:
+          total += sum(struct.unpack_from("QQ", info, _TCP_BYTES_ACKED))
+    except OSError:
+      pass
+    finally:
+      sock.close()
+  return float(total)
+
+
+# struct tcp_info (linux/tcp.h): tcpi_bytes_acked and tcpi_bytes_received, u64 each, from offset 120
+_TCP_BYTES_ACKED, _TCP_INFO_LEN = 120, 136
 
 
 @dataclasses.dataclass

@@ -69,7 +69,7 @@ def grpo_train(config, *, source: TrajectorySource, policy: Policy, generator: G
     bar = harness.Progress(progress, grpo.max_num_steps, start, source.name, kl=settings.kl_coef != 0)
     for step in range(start + 1, grpo.max_num_steps + 1):
       times: dict[str, float] = {}
-      t_step = time.perf_counter()
+      t_step, io_start = time.perf_counter(), harness.driver_io_bytes()
       groups, rollout = source.take(step)
       kept, metrics = assign_advantages(groups, config)
       metrics.update(rollout)
@@ -82,6 +82,7 @@ def grpo_train(config, *, source: TrajectorySource, policy: Policy, generator: G
         metrics["train/skipped"] = 1.0
       metrics["weight_version"] = float(synchronizer.version)
       metrics.update(source.after_step(step, trained=bool(kept)))
+      metrics["perf/driver_io_bytes"] = harness.driver_io_bytes() - io_start
       if validator.due(step):
         metrics.update(validator(step))
       if harness.save_due(config, step):

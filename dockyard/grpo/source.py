@@ -8,7 +8,7 @@
 Either plays multi-turn agent episodes instead of single-shot completions when the config has an
 `agent` section (`dockyard.grpo.episodes.EpisodeGroups`: a group is n episodes, each completion
 carrying its per-token loss mask over several generated segments). With a data plane
-(`rollout.data_plane`, `dockyard.rollout.data_plane`) either has each single-shot group generated
+(`rollout.data_plane`, `dockyard.grpo.data_plane`) either has each single-shot group generated
 and scored by the experience worker beside an engine and reads it from the object store.
 `make_source(config, ...)` picks a source from the config.
 """
@@ -26,7 +26,6 @@ from dockyard.grpo.episodes import EpisodeGroups
 from dockyard.grpo.harness import max_in_flight, sampling_params, timed
 from dockyard.grpo.step import PromptSampler, collect_groups, rollout_stats, score_groups
 from dockyard.rollout.base import Generator
-from dockyard.rollout.chat import encode_prompt
 
 
 class TrajectorySource(Protocol):
@@ -91,7 +90,7 @@ class SyncSource:
     if self.plane is not None:   # generated and scored beside the engines, read from the object store
       with timed(times, "generate"):
         groups = self.run(self._plane_groups(tasks))
-      return groups, {**rollout_stats(groups, times["time/generate"]), **times}
+      return groups, {**rollout_stats(groups, times["time/generate"]), **self.plane.metrics(), **times}
     with timed(times, "generate"):
       groups = collect_groups(self.generator, self.env, self.tokenizer, tasks, self.n, self.sampling)
     with timed(times, "score"):
@@ -106,9 +105,8 @@ class SyncSource:
 
   async def _plane_groups(self, tasks) -> list[Group]:
     async def one(j, task):
-      prompt = encode_prompt(self.tokenizer, self.env.prompt_messages(task))
       sampling = dataclasses.replace(self.sampling, seed=derive_seed(self.sampling.seed, j))
-      prompt, completions, texts, rewards, _ = await self.plane.group(task, prompt, self.n, sampling)
+      prompt, completions, texts, rewards, _ = await self.plane.group(task, self.n, sampling)
       return Group(task=task, prompt_ids=prompt, completions=completions, texts=texts, rewards=rewards)
     return list(await asyncio.gather(*(one(j, t) for j, t in enumerate(tasks))))
 
@@ -133,7 +131,7 @@ def make_source(config, *, generator: Generator, env, tokenizer, train_tasks: Se
   """The source `config.grpo.async_grpo.enabled` selects (the synchronizer: the async source
   maps engine weight versions to steps around each push), playing agent episodes when the
   config has an `agent` section; `plane`: the data plane's driver side
-  (`dockyard.rollout.data_plane.ObjectStorePlane`), None for the colocated path."""
+  (`dockyard.grpo.data_plane.ObjectStorePlane`), None for the colocated path."""
   episodes = (EpisodeGroups(config, generator=generator, env=env, tokenizer=tokenizer)
               if "agent" in config else None)
   if config.grpo.async_grpo.enabled:

@@ -11,23 +11,26 @@ trainer through Ray's shared-memory object store instead of through the driver.
                    group, so on its inference node) asks its engine for the group's
                    completions, decodes them, scores them with the environment (the SWE env:
                    the sandbox client, from that node), and `ray.put`s the group as numpy
-                   arrays (`pack_group`). The driver sends the task and the prompt's ids and gets
-                   back an ObjectRef and the weight versions (what the age bound needs); the
-                   arrays travel node to node by Ray's object manager into the trainer node's
-                   shared-memory store, where the trainer maps them (`unpack_group`) when it
-                   takes the group. The driver relays no completion, patch or verdict.
+                   arrays (`pack_group`). The driver sends the task's index and the sampling
+                   settings and gets back an ObjectRef and the weight versions (what the age
+                   bound needs); the arrays travel node to node by Ray's object manager into
+                   the trainer node's shared-memory store, where the trainer maps them
+                   (`unpack_group`) when it takes the group. The driver relays no prompt,
+                   completion, patch or verdict.
 
-What stays on the driver: prompts are built there (the env's prompt needs the task's repository
-files); validation and evaluation score through the driver's env as before (held-out numbers,
+The worker builds the run's env and training tasks from the same config (repositories on shared
+storage, as for the sandbox nodes: docs/deployment.md) and the prompt itself. What stays on the
+driver: validation and evaluation score through the driver's env as before (held-out numbers,
 not training experience); agent episodes (sessions live on one executor per episode) and a
 reward-model env (a model in each worker) are refused by validation with this key.
 
-`bench/data_plane.py` measures the bytes through the driver's process (its read/write system
-calls, /proc/self/io) per step for both paths, and the step time.
+The loop logs `perf/driver_io_bytes` (the bytes on the driver's TCP sockets during a step);
+`bench/data_plane.py` compares both paths on a simulated cluster.
 """
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import time
@@ -37,7 +40,8 @@ import numpy as np
 
 from dockyard.envs.base import Reward
 from dockyard.rollout.base import Completion, SamplingParams
-from dockyard.rollout.chat import decode
+from dockyard.rollout.chat import decode, encode_prompt
+
 
 # -- the group's wire format ---------------------------------------------------------------------
 def pack_group(prompt_ids: Sequence[int], completions: Sequence[Completion], texts: Sequence[str],
@@ -86,30 +90,56 @@ def record_bytes(record: Mapping[str, np.ndarray]) -> int:
   return int(sum(v.nbytes for v in record.values()))
 
 
+
+
+def task_key(task: Mapping[str, Any]) -> str:
+  """A task's identity across processes and a checkpoint's JSON round trip."""
+  return json.dumps(json.loads(json.dumps(task, default=str)), sort_keys=True)
+
+
+def tasks_fingerprint(tasks: Sequence[Mapping[str, Any]]) -> str:
+  return hashlib.sha256("\n".join(task_key(t) for t in tasks).encode()).hexdigest()
+
+
 # -- the worker (a Ray actor beside each engine) -----------------------------------------------------
 class ExperienceWorkerImpl:
-  """Generates a group on its engine and scores it on its node; an async Ray actor, so many
-  groups are in flight at once and the env's clients live on the actor's event loop."""
+  """Builds a group's prompt, generates it on its engine and scores it on its node; an async Ray
+  actor, so many groups are in flight at once and the env's clients live on the actor's event
+  loop. It builds the run's env and training tasks itself (`env_factory(tokenizer) -> (env,
+  tasks)`, the same config as the driver's) and refuses to play when its tasks are not the
+  driver's (`fingerprint`), since the driver names a task by its index."""
 
-  def __init__(self, env_factory, model_path: str):
+  def __init__(self, env_factory, model_path: str, fingerprint: str, engine):
     import transformers
     self.tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)
-    self.env_factory, self.env = env_factory, None
+    self.env_factory, self.fingerprint = env_factory, fingerprint
+    self.env, self.tasks = None, None
+    self.engine = engine   # handed over once (and again after a restart), not with every group
     self.groups = 0
+
+  def set_engine(self, engine) -> None:
+    self.engine = engine
 
   def info(self) -> dict:
     import ray
     return {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(), "groups": self.groups}
 
-  async def play(self, engine, task: Mapping[str, Any], prompt_ids: list[int], n: int,
-                 sampling: SamplingParams) -> dict:
-    """The group: `engine`'s n completions of the prompt, decoded, scored, `ray.put`; returns the
-    ObjectRef (in a list, so Ray hands it over unresolved), the weight versions and timings."""
+  async def play(self, index: int, n: int, sampling: SamplingParams) -> dict:
+    """Training task `index`'s group: its prompt, the engine's n completions, decoded, scored,
+    `ray.put`; returns the ObjectRef (in a list, so Ray hands it over unresolved), the weight
+    versions and timings."""
     import ray
     if self.env is None:   # built on the actor's event loop, where its clients then live
-      self.env = self.env_factory(self.tokenizer)
+      env, tasks = self.env_factory(self.tokenizer)
+      if tasks_fingerprint(tasks) != self.fingerprint:
+        await env.close()
+        raise RuntimeError("the experience worker's training tasks differ from the driver's (same config, "
+                           "different data on this node?); it cannot play tasks by index")
+      self.env, self.tasks = env, tasks
+    task = self.tasks[index]
+    prompt_ids = encode_prompt(self.tokenizer, self.env.prompt_messages(task))
     t0 = time.perf_counter()
-    completions = (await engine.generate.remote([list(prompt_ids)], n, sampling))[0]
+    completions = (await self.engine.generate.remote([prompt_ids], n, sampling))[0]
     t1 = time.perf_counter()
     texts = [decode(self.tokenizer, c) for c in completions]
     rewards = await asyncio.gather(*(self.env.score(task, t) for t in texts))
@@ -117,8 +147,8 @@ class ExperienceWorkerImpl:
     record = pack_group(prompt_ids, completions, texts, rewards)
     self.groups += 1
     versions = sorted({int(v) for c in completions for v in (c.token_weight_versions or [c.weight_version])})
-    return dict(ref=[ray.put(record)], versions=versions, n=len(completions), tokens=int(len(record["token_ids"])),
-                bytes=record_bytes(record), generate_s=t1 - t0, score_s=t2 - t1)
+    return dict(ref=[ray.put(record)], versions=versions, bytes=record_bytes(record),
+                generate_s=t1 - t0, score_s=t2 - t1)
 
   async def close(self) -> None:
     if self.env is not None:
@@ -127,13 +157,15 @@ class ExperienceWorkerImpl:
 
 
 class ObjectStorePlane:
-  """The driver's side: one worker per engine of a `RolloutFleet`; `group` plays one prompt's
-  group on the least-loaded engine and returns it unpacked, plus its timings. A dead engine is
-  restarted by the fleet (its newest weights loaded) and the group played again on it."""
+  """The driver's side: one worker per engine of a `RolloutFleet`; `group(task, n, sampling)`
+  plays one training task's group on the least-loaded engine and returns it unpacked, plus its
+  timings. The driver sends the task's index in `tasks` and the sampling settings only. A dead
+  engine is restarted by the fleet (its newest weights loaded) and the group played again."""
 
-  def __init__(self, fleet, env_factory, model_path: str):
+  def __init__(self, fleet, env_factory, model_path: str, tasks: Sequence[Mapping[str, Any]]):
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
     self.fleet, self._ray = fleet, fleet._ray
+    self._index = {task_key(t): i for i, t in enumerate(tasks)}
     cls = self._ray.remote(ExperienceWorkerImpl)
     env = {"PYTHONPATH": os.pathsep.join(p for p in (_repo_root(), os.environ.get("PYTHONPATH", "")) if p)}
     # 0 CPUs in the engine's placement group: the worker lands on the engine's (inference) node and
@@ -141,21 +173,27 @@ class ObjectStorePlane:
     self.workers = [cls.options(
         num_cpus=0, max_concurrency=1000, runtime_env={"env_vars": env},
         scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=0),
-    ).remote(env_factory, model_path) for pg in fleet.placement_groups]
+    ).remote(env_factory, model_path, tasks_fingerprint(tasks), actor)
+        for pg, actor in zip(fleet.placement_groups, fleet.actors)]
     self.infos = self._ray.get([w.info.remote() for w in self.workers])
-    self.shared_bytes = 0     # bytes the trainer mapped from the object store
+    self.shared_bytes = 0     # bytes of groups the trainer mapped from the object store
     self.groups = 0
+    self._reported = (0, 0)
 
-  async def group(self, task: Mapping[str, Any], prompt_ids: Sequence[int], n: int,
-                  sampling: SamplingParams) -> tuple[list[int], list[Completion], list[str], list[Reward], dict]:
+  async def group(self, task: Mapping[str, Any], n: int, sampling: SamplingParams
+                  ) -> tuple[list[int], list[Completion], list[str], list[Reward], dict]:
     from ray.exceptions import RayActorError, RayTaskError
+    key = task_key(task)
+    if key not in self._index:
+      raise KeyError(f"task {task.get('instance_id', '?')!r} is not one of the run's training tasks; the "
+                     "data plane plays training tasks only")
     fleet = self.fleet
     for attempt in range(fleet.max_restarts + 1):
       i = min(range(len(fleet.actors)), key=lambda j: fleet.in_flight[j])
       engine = fleet.actors[i]
       fleet.in_flight[i] += 1
       try:
-        out = await self.workers[i].play.remote(engine, dict(task), list(prompt_ids), n, sampling)
+        out = await self.workers[i].play.remote(self._index[key], n, sampling)
       except (RayActorError, RayTaskError) as e:
         # the engine died under the worker's call (a worker's own failure is not retried)
         if not (isinstance(e, RayActorError) or isinstance(getattr(e, "cause", None), RayActorError)):
@@ -163,6 +201,7 @@ class ObjectStorePlane:
         if attempt == fleet.max_restarts:
           raise
         await asyncio.to_thread(fleet._restart, i, engine)
+        await self.workers[i].set_engine.remote(fleet.actors[i])
         continue
       finally:
         fleet.in_flight[i] = max(0, fleet.in_flight[i] - 1)
@@ -173,6 +212,12 @@ class ObjectStorePlane:
       prompt, completions, texts, rewards = unpack_group(record)
       return prompt, completions, texts, rewards, out
     raise AssertionError("unreachable")
+
+  def metrics(self) -> dict[str, float]:
+    """`data_plane/*` since the last call: groups read from the object store and their bytes."""
+    groups, shared = self.groups - self._reported[0], self.shared_bytes - self._reported[1]
+    self._reported = (self.groups, self.shared_bytes)
+    return {"data_plane/groups": float(groups), "data_plane/shared_bytes": float(shared)}
 
   def close(self) -> None:
     try:
