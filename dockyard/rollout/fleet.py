@@ -4,10 +4,11 @@
 `agenerate` sends one request to the least-loaded engine and is awaitable (many in flight for the
 async GRPO loop). An engine that dies (`ray.kill`, OOM, node loss) is restarted in its placement
 group, gets the latest weights the fleet holds, and its in-flight requests are retried.
-Every weight load checks the version each engine reports back: an engine that is not at the
-version just pushed is an error, and so is a restarted engine the fleet cannot bring to its
-current version (shared-memory and broadcast transports keep no copy of the weights), rather
-than one that silently samples with its checkpoint's weights.
+Every weight load checks the version each engine reports back (an engine not at the version just
+pushed is an error). A restarted engine the fleet cannot bring to its current version (the
+shared-memory and broadcast transports keep no copy of the weights) is `stale`: it serves no
+request until the next weight sync reaches it, and with every engine stale, generating is an
+error; its checkpoint's weights are never sampled from.
 Ray is started locally unless `config.run.ray_address` names a cluster.
 """
 from __future__ import annotations
@@ -160,6 +161,7 @@ class RolloutFleet(Generator):
     self._lock = threading.Lock()
     self.restarts = 0
     self.engine_versions = [0] * n   # what each engine reported after its last weight load
+    self.stale: set[int] = set()     # restarted engines behind the fleet's version: serve nothing
     self._group_restarts = -1      # `restarts` when the broadcast group was last joined
     self.in_flight = [0] * n
     self.served = [0] * n            # requests completed per engine
@@ -211,18 +213,31 @@ class RolloutFleet(Generator):
         version = self._ray.get(actor.load_packed.remote(self._latest_packed, self._version))
       if self._latest_adapter is not None:
         version = self._ray.get(actor.load_lora_adapter.remote(self._latest_adapter, self._version))
-      if version != self._version:   # never sample with weights older than the fleet's
-        self._ray.kill(actor)
-        raise RuntimeError(
-            f"rollout engine {i} died and was restarted at weight version {version}, but the fleet "
-            f"is at version {self._version} and keeps no copy of those weights (the shared-memory "
-            f"and broadcast transports hand them over once); use refit.transport='object_store' "
-            f"to survive engine restarts")
       self.actors[i] = actor
       self.in_flight[i] = 0
       self.engine_versions[i] = version
       log.warning("rollout engine %d died; restarted it (restart %d) at weight version %d",
                   i, self.restarts, version)
+      if version != self._version:   # never sample with weights older than the fleet's
+        self.stale.add(i)
+        log.warning("rollout engine %d is behind the fleet's weight version %d and the transport "
+                    "keeps no copy of it: the engine serves nothing until the next weight sync", i,
+                    self._version)
+
+  def _serving(self) -> list[int]:
+    """The engines at the fleet's weight version; raises when there is none."""
+    serving = [i for i in range(len(self.actors)) if i not in self.stale]
+    if not serving:
+      raise RuntimeError(
+          f"no rollout engine holds the fleet's weight version {self._version}: engines "
+          f"{sorted(self.stale)} were restarted and the weight transport (shared memory or "
+          f"broadcast) keeps no copy of the weights to give them; they serve again after the next "
+          f"weight sync (refit.transport='object_store' restores them at once)")
+    return serving
+
+  def _pick(self, i: int) -> int:
+    """Engine `i`, or the least-loaded serving engine when `i` is stale."""
+    return i if i not in self.stale else min(self._serving(), key=lambda j: self.in_flight[j])
 
   def _loaded(self, versions: Sequence[int], version: int) -> None:
     """Records the versions the engines reported after a load; raises unless all are `version`."""
@@ -230,6 +245,7 @@ class RolloutFleet(Generator):
     if any(v != int(version) for v in versions):
       raise RuntimeError(f"weight version {version} was pushed but the engines report {versions}")
     self.engine_versions = versions
+    self.stale.clear()
 
   def engine_info(self) -> list[dict]:
     """Per engine: pid, weight version, vocab size, vLLM batches run."""
@@ -250,15 +266,16 @@ class RolloutFleet(Generator):
     prompts = [list(p) for p in prompt_ids]
     if not prompts:
       raise ValueError("prompt_ids must be a non-empty list of token-id lists")
-    k = len(self.actors)
+    engines = self._serving()
+    k = len(engines)
     chunks = [c for c in (list(range(i, len(prompts), k)) for i in range(k)) if c]
     results: list[list[Completion] | None] = [None] * len(prompts)
     pending = {}
-    for i, idx in enumerate(chunks):
-      pending[i] = (idx, self._submit(i, [prompts[j] for j in idx], n, sampling))
+    for c, idx in enumerate(chunks):
+      pending[c] = (idx, engines[c], self._submit(engines[c], [prompts[j] for j in idx], n, sampling))
     attempts = 0
     while pending:
-      i, (idx, (actor, ref)) = next(iter(pending.items()))
+      c, (idx, i, (actor, ref)) = next(iter(pending.items()))
       try:
         out = self._ray.get(ref)
       except RayActorError:
@@ -266,14 +283,15 @@ class RolloutFleet(Generator):
         if attempts > self.max_restarts:
           raise
         self._restart(i, actor)
-        pending[i] = (idx, self._submit(i, [prompts[j] for j in idx], n, sampling))
+        retry = self._pick(i)
+        pending[c] = (idx, retry, self._submit(retry, [prompts[j] for j in idx], n, sampling))
         continue
       finally:
         self.in_flight[i] = max(0, self.in_flight[i] - len(idx))
       self.served[i] += len(idx)
       for j, group in zip(idx, out):
         results[j] = group
-      del pending[i]
+      del pending[c]
     return results
 
   def _submit(self, i, prompts, n, sampling):
@@ -285,7 +303,7 @@ class RolloutFleet(Generator):
     """One prompt's n completions from the least-loaded engine; retried on an engine restart."""
     from ray.exceptions import RayActorError
     for attempt in range(self.max_restarts + 1):
-      i = min(range(len(self.actors)), key=lambda j: self.in_flight[j])
+      i = min(self._serving(), key=lambda j: self.in_flight[j])
       actor, ref = self._submit(i, [list(prompt_ids)], n, sampling)
       try:
         out = await ref
@@ -360,8 +378,8 @@ class RolloutFleet(Generator):
 
   def receive_broadcast(self, meta, version: int) -> Callable[[], None]:
     """Starts every engine receiving the tensors `meta` lists [(name, torch dtype, shape)];
-    returns the wait, after which `version` is current. Restarted engines cannot be given these
-    weights (`_restart` refuses to serve from one)."""
+    returns the wait, after which `version` is current. A restarted engine cannot be given these
+    weights: it is stale (serves nothing) until the next broadcast, which it joins."""
     refs = [a.nccl_receive.remote(meta, version) for a in self.actors]
 
     def wait() -> None:

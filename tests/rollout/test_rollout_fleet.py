@@ -170,29 +170,50 @@ def test_shared_memory_sync_into_the_fleet(fleet, policy, config):
 def test_engines_must_report_the_version_pushed():
   from dockyard.rollout.fleet import RolloutFleet
   f = object.__new__(RolloutFleet)   # `_loaded` alone: no Ray, no engines
-  f.engine_versions = [0, 0]
+  f.engine_versions, f.stale = [0, 0], {1}
   f._loaded([3, 3], 3)
-  assert f.engine_versions == [3, 3]
+  assert f.engine_versions == [3, 3] and f.stale == set()   # a sync brings restarted engines back
   with pytest.raises(RuntimeError, match=r"weight version 4 was pushed but the engines report \[4, 3\]"):
     f._loaded([4, 3], 4)
   assert f.engine_versions == [3, 3]
 
 
-def test_a_restarted_engine_the_fleet_cannot_update_is_an_error(fleet, config, tiny_path, policy):
+def test_a_restarted_engine_the_fleet_cannot_update_serves_nothing_until_the_next_sync(
+    fleet, config, tiny_path, policy):
   """Shared memory hands the weights over once, so the fleet has nothing to give a restarted
-  engine: it must refuse to sample with the engine's checkpoint weights, not serve them."""
+  engine: it must not sample with the engine's checkpoint weights. The other engine serves; with
+  none left, generating is an error; the next sync brings the restarted engines back."""
   from dockyard.rollout.fleet import RolloutFleet
   run_config = config.copy_and_resolve_references()
   run_config.refit.transport = "shared_memory"
-  own = RolloutFleet(run_config, tiny_path)   # its own engine: the session fleet stays whole
+  run_config.rollout.num_engines = 2
+  own = RolloutFleet(run_config, tiny_path)   # its own engines: the session fleet stays whole
+  sampling = SamplingParams(max_tokens=4, seed=7)
   try:
     sync = create_weight_synchronizer(run_config, policy, own)
     policy.perturb(0.5, seed=41)
     sync.sync_weights()
-    assert own.engine_versions == [sync.version] == [1]
+    assert own.engine_versions == [1, 1] and own.stale == set()
     ray.kill(own.actors[0])
-    with pytest.raises(RuntimeError, match="restarted at weight version 0, but the fleet is at version 1"):
-      own.generate(PROMPTS[:1], 1, SamplingParams(max_tokens=2, seed=7))
-    assert own.restarts == 1
+    served = list(own.served)
+    out = [c for g in own.generate(PROMPTS, 1, sampling) for c in g]
+    assert own.restarts == 1 and own.stale == {0} and own.engine_versions == [0, 1]
+    assert {c.weight_version for c in out} == {1} and len(out) == len(PROMPTS)
+    assert own.served[0] == served[0] and own.served[1] == served[1] + len(PROMPTS)
+    check_against(policy, out)
+
+    ray.kill(own.actors[1])
+    with pytest.raises(RuntimeError, match="no rollout engine holds the fleet's weight version 1"):
+      own.generate(PROMPTS[:2], 1, sampling)
+    assert own.stale == {0, 1}
+
+    policy.perturb(0.5, seed=42)
+    metrics = sync.sync_weights()   # reaches the restarted engines: both serve again
+    assert metrics["refit/engine_version_min"] == 2.0 and metrics["refit/engine_restarts"] == 2.0
+    assert own.stale == set() and own.engine_versions == [2, 2]
+    served = list(own.served)
+    out = [c for g in own.generate(PROMPTS, 1, sampling) for c in g]
+    assert {c.weight_version for c in out} == {2} and all(own.served[i] > served[i] for i in range(2))
+    check_against(policy, out)
   finally:
     own.shutdown()
