@@ -189,7 +189,8 @@ class ObjectStorePlane:
                      "data plane plays training tasks only")
     fleet = self.fleet
     for attempt in range(fleet.max_restarts + 1):
-      i = min(range(len(fleet.actors)), key=lambda j: fleet.in_flight[j])
+      # engines at the fleet's weight version only (a restarted one may wait for the next sync)
+      i = min(fleet._serving(), key=lambda j: fleet.in_flight[j])
       engine = fleet.actors[i]
       fleet.in_flight[i] += 1
       try:
