@@ -19,7 +19,10 @@ and reach the sandbox), and during it:
      in its placement group on the inference node with the fleet's newest weights, and the next
      refit reports every engine at the trainer's weight version with the canary passing;
   c. once step 2's checkpoint (and metrics row) is written, the driver is SIGKILLed, and the same command is run
-     again on the same workdir and cluster: it resumes at step 2 and finishes step 3.
+     again on the same workdir and cluster: it resumes at step 2 and finishes step 3. The relaunch
+     adds `--config.rollout.data_plane=object_store` (issue 20 item 6): step 3's groups are
+     generated and scored by the experience worker beside the engine, on the inference node, and
+     reach the trainer through the object store.
 Placement is read from Ray's own tables (actors, placement groups, jobs) while each run is up.
 """
 import json
@@ -34,7 +37,7 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS = 3
-ENGINE, EXECUTOR = "EngineActorImpl", "_ExecutorServer"
+ENGINE, EXECUTOR, WORKER = "EngineActorImpl", "_ExecutorServer", "ExperienceWorkerImpl"
 RUN_FLAGS = (
     "--config=configs/swe.py:tiny",
     f"--config.grpo.max_num_steps={STEPS}",
@@ -146,14 +149,14 @@ def _placement(ray_state, pgs, job=None) -> dict:
           "executor_strategy": sorted({group(r).get("strategy") for r in executors} - {None})}
 
 
-def _launch(workdir: str, address: str, n: int) -> subprocess.Popen:
+def _launch(workdir: str, address: str, n: int, *extra: str) -> subprocess.Popen:
   """The launcher joined to `address`; its terminal output goes to launch-<n>.out beside the workdir
   (everything after start-up is in the workdir's run.log too)."""
   env = dict(os.environ, PYTHONPATH=REPO, VLLM_CPU_KVCACHE_SPACE="1", TOKENIZERS_PARALLELISM="false")
   with open(os.path.join(os.path.dirname(workdir), f"launch-{n}.out"), "w") as out:
     return subprocess.Popen([sys.executable, "-m", "dockyard.launch", f"--workdir={workdir}", *RUN_FLAGS,
                              f"--config.data.train={os.path.join(os.path.dirname(workdir), 'train2.jsonl')}",
-                             f"--config.run.ray_address={address}"],
+                             f"--config.run.ray_address={address}", *extra],
                             cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
@@ -222,10 +225,11 @@ def _scenario(workdir: str) -> dict:
     # The dead driver's actors go with its job; the relaunch places its own.
     _wait("the killed run's actors to be gone", lambda: not _actors(ray_state, ENGINE)
           and not _actors(ray_state, EXECUTOR), None, 120)
-    proc = _launch(workdir, cluster.address, 2)
+    proc = _launch(workdir, cluster.address, 2, "--config.rollout.data_plane=object_store")
     procs.append(proc)
-    _wait("the resumed run's engine and 2 executors", lambda: len(_actors(ray_state, ENGINE)) == 1
-          and len(_actors(ray_state, EXECUTOR)) == 2, proc, 300)
+    _wait("the resumed run's engine, 2 executors and experience worker", lambda: len(_actors(ray_state, ENGINE)) == 1
+          and len(_actors(ray_state, EXECUTOR)) == 2 and len(_actors(ray_state, WORKER)) == 1, proc, 300)
+    out["run2_worker_nodes"] = [r["node"] for r in _actors(ray_state, WORKER)]
     out["run2"] = _placement(ray_state, pgs)
     out["run2"]["driver_node"] = _driver_node(ray_state, proc.pid)
     out["run2"]["returncode"] = proc.wait(300)
@@ -318,6 +322,13 @@ def test_short_swe_run_on_a_simulated_cluster_survives_faults(tmp_path):
   sft = [row for row in rows if "sft/loss" in row]
   assert len(sft) == 60     # the warm start ran once, in the first run
   assert json.load(open(os.path.join(workdir, "checkpoints", "latest", "loop_state.json")))["step"] == STEPS
+
+  # The relaunch ran on the data plane: its worker beside the engine on the inference node, step 3's
+  # two groups read from the object store (steps 1-2, the first run's, had none).
+  assert out["run2_worker_nodes"] == [inference]
+  assert by_step[3]["data_plane/groups"] == 2.0 and by_step[3]["data_plane/shared_bytes"] > 0
+  assert "data_plane/groups" not in by_step[2]
+  assert by_step[3]["reward/malformed_fraction"] < 1.0      # the worker's samples reached the sandbox
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["scenario"]:
