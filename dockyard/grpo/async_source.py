@@ -224,41 +224,61 @@ class Collector:
     with self._idle:
       self._idle.notify_all()
 
-  async def _generate(self, prompt: list[int], seq: int, attempt: int):
-    sampling = dataclasses.replace(self.sampling,
-                                   seed=(self.seed * 1_000_003 + seq * 101 + attempt) % (2 ** 31))
+  def _sampling(self, seq: int, attempt: int) -> SamplingParams:
+    return dataclasses.replace(self.sampling, seed=(self.seed * 1_000_003 + seq * 101 + attempt) % (2 ** 31))
+
+  async def _gated(self, make, sampling: SamplingParams, timeout: float):
+    """`make(sampling)` awaited once generations may start (not during a pause), counted in
+    `generating` while it runs, abandoned after `timeout`."""
     while not self._open.is_set():   # re-checked: a waiter woken before a pause must not start
       await self._open.wait()
     self.generating += 1
     try:
-      # The seam's agenerate: the fleet batches on the engine side, an in-process engine batches
-      # concurrent requests itself (`BatchedAgenerate`), any other generator runs on a thread.
-      call = self.generator.agenerate(prompt, self.n, sampling)
-      return await asyncio.wait_for(call, self.rollout_timeout)
+      return await asyncio.wait_for(make(sampling), timeout)
     finally:
       self.generating -= 1
       with self._idle:
         self._idle.notify_all()
 
+  async def _sample(self, make, seq: int, timeout: float):
+    """`make(sampling) -> (completions, extra)` until it comes back in time and, under
+    in_flight_policy='abort', on the weights it was submitted on; then (completions, extra,
+    seconds of the accepted try), counted in the stats. None when it timed out for good (the
+    prompt is abandoned)."""
+    attempt = 0
+    while True:
+      t0 = time.perf_counter()
+      submitted_on = self.generator.weight_version
+      try:
+        completions, extra = await self._gated(make, self._sampling(seq, attempt), timeout)
+      except TimeoutError:
+        self.stats.timeouts_rollout += 1
+        attempt += 1
+        if self.on_timeout == "retry" and attempt < MAX_ATTEMPTS:
+          continue
+        self.buffer.abandon(seq, "timeout")
+        return None
+      if len(completions) != self.n:
+        raise RuntimeError(f"generator returned {len(completions)} completions for n={self.n}")
+      engine_versions = {v for c in completions for v in (c.token_weight_versions or [c.weight_version])}
+      if self.in_flight_policy == "abort" and engine_versions | {self.generator.weight_version} != {submitted_on}:
+        self.stats.resubmitted += 1   # the weights changed while it was in flight: do it again
+        continue
+      self.stats.straddled += sum(len(set(c.token_weight_versions or [])) > 1 for c in completions)
+      self.stats.generated_groups += 1
+      self.stats.generated_tokens += sum(len(c.token_ids) for c in completions)
+      return completions, extra, time.perf_counter() - t0
+
   async def _one_episodes(self, seq: int, task: Mapping[str, Any]) -> None:
     """One task's episodes: played and graded together (retried on timeout), put in the buffer."""
     for attempt in range(MAX_ATTEMPTS if self.on_timeout == "retry" else 1):
-      sampling = dataclasses.replace(self.sampling,
-                                     seed=(self.seed * 1_000_003 + seq * 101 + attempt) % (2 ** 31))
-      while not self._open.is_set():
-        await self._open.wait()
-      self.generating += 1
       t0 = time.perf_counter()
       try:
-        group = await asyncio.wait_for(self.episodes.group(task, sampling),
-                                       self.rollout_timeout + self.score_timeout)
+        group = await self._gated(lambda sampling: self.episodes.group(task, sampling),
+                                  self._sampling(seq, attempt), self.rollout_timeout + self.score_timeout)
         break
       except TimeoutError:
         self.stats.timeouts_rollout += 1
-      finally:
-        self.generating -= 1
-        with self._idle:
-          self._idle.notify_all()
     else:
       self.buffer.abandon(seq, "timeout")
       return
@@ -276,30 +296,15 @@ class Collector:
     if self.plane is not None:
       return await self._one_on_plane(seq, task)
     prompt = encode_prompt(self.tokenizer, self.env.prompt_messages(task))
-    attempt = 0
-    while True:
-      t0 = time.perf_counter()
-      submitted_on = self.generator.weight_version
-      try:
-        completions = await self._generate(prompt, seq, attempt)
-      except TimeoutError:
-        self.stats.timeouts_rollout += 1
-        attempt += 1
-        if self.on_timeout == "retry" and attempt < MAX_ATTEMPTS:
-          continue
-        self.buffer.abandon(seq, "timeout")
-        return
-      gen_s = time.perf_counter() - t0
-      if len(completions) != self.n:
-        raise RuntimeError(f"generator returned {len(completions)} completions for n={self.n}")
-      engine_versions = {v for c in completions for v in (c.token_weight_versions or [c.weight_version])}
-      if self.in_flight_policy == "abort" and engine_versions | {self.generator.weight_version} != {submitted_on}:
-        self.stats.resubmitted += 1   # the weights changed while it was in flight: do it again
-        continue
-      break
-    self.stats.straddled += sum(len(set(c.token_weight_versions or [])) > 1 for c in completions)
-    self.stats.generated_groups += 1
-    self.stats.generated_tokens += sum(len(c.token_ids) for c in completions)
+
+    async def generate(sampling):
+      # The seam's agenerate: the fleet batches on the engine side, an in-process engine batches
+      # concurrent requests itself (`BatchedAgenerate`), any other generator runs on a thread.
+      return await self.generator.agenerate(prompt, self.n, sampling), None
+    got = await self._sample(generate, seq, self.rollout_timeout)
+    if got is None:
+      return
+    completions, _, gen_s = got
     self.stats.generate_s += gen_s
     group = Group(task=task, prompt_ids=prompt, completions=list(completions),
                   texts=[decode(self.tokenizer, c) for c in completions])
@@ -316,41 +321,16 @@ class Collector:
     self.stats.score_s += time.perf_counter() - t0
     self.buffer.put(seq, group, group_version(group, self.versions))
 
-
   async def _one_on_plane(self, seq: int, task: Mapping[str, Any]) -> None:
     """One prompt through the data plane: generated and scored by an experience worker in one
     call (resubmitted on abort, retried on timeout as `_one`), put in the buffer."""
-    attempt = 0
-    while True:
-      sampling = dataclasses.replace(self.sampling,
-                                     seed=(self.seed * 1_000_003 + seq * 101 + attempt) % (2 ** 31))
-      while not self._open.is_set():
-        await self._open.wait()
-      self.generating += 1
-      submitted_on = self.generator.weight_version
-      try:
-        prompt, completions, texts, rewards, out = await asyncio.wait_for(
-            self.plane.group(task, self.n, sampling), self.rollout_timeout + self.score_timeout)
-      except TimeoutError:
-        self.stats.timeouts_rollout += 1
-        attempt += 1
-        if self.on_timeout == "retry" and attempt < MAX_ATTEMPTS:
-          continue
-        self.buffer.abandon(seq, "timeout")
-        return
-      finally:
-        self.generating -= 1
-        with self._idle:
-          self._idle.notify_all()
-      if len(completions) != self.n:
-        raise RuntimeError(f"generator returned {len(completions)} completions for n={self.n}")
-      if self.in_flight_policy == "abort" and set(out["versions"]) | {self.generator.weight_version} != {submitted_on}:
-        self.stats.resubmitted += 1
-        continue
-      break
-    self.stats.straddled += sum(len(set(c.token_weight_versions or [])) > 1 for c in completions)
-    self.stats.generated_groups += 1
-    self.stats.generated_tokens += sum(len(c.token_ids) for c in completions)
+    async def play(sampling):
+      prompt, completions, texts, rewards, out = await self.plane.group(task, self.n, sampling)
+      return completions, (prompt, texts, rewards, out)
+    got = await self._sample(play, seq, self.rollout_timeout + self.score_timeout)
+    if got is None:
+      return
+    completions, (prompt, texts, rewards, out), _ = got
     self.stats.generate_s += out["generate_s"]
     self.stats.score_s += out["score_s"]
     group = Group(task=task, prompt_ids=prompt, completions=completions, texts=texts, rewards=rewards)
