@@ -107,17 +107,12 @@ def main(argv=None) -> None:
     args.warmup = 0
 
   import ray
-  from ray.cluster_utils import Cluster
   from dockyard import policy_factory, ray_utils, runner
   from dockyard.refit.synchronizer import create_weight_synchronizer
   from dockyard.rollout.fleet import RolloutFleet
 
-  cluster = Cluster(initialize_head=True, connect=False, head_node_args=dict(
-      num_cpus=1, resources=ray_utils.node_resources("trainer"), include_dashboard=False))
-  nodes = {"trainer": cluster.head_node.node_id}
-  for role in ("inference", "sandbox"):
-    nodes[role] = cluster.add_node(num_cpus=2, resources=ray_utils.node_resources(role)).node_id
-  cluster.wait_for_nodes()
+  cluster, role_nodes = ray_utils.role_cluster(("inference", "sandbox"), num_cpus=2)
+  nodes = {role: ids[0] for role, ids in role_nodes.items()}
   try:
     config = make_config(args, cluster.address)
     ray_utils.init_ray(cluster.address)

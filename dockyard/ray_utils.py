@@ -81,3 +81,18 @@ def check_driver_node(ray) -> str | None:
         f"this process (the trainer) is attached to Ray node {node_id} with roles {roles or 'none'}; "
         f"the cluster advertises fleet roles, so run it on a trainer node ({FLEET_ROLE_ENV}=trainer)")
   return "trainer"
+
+
+def role_cluster(roles, num_cpus: int = 1):
+  """A simulated cluster on this machine (`ray.cluster_utils.Cluster`, one raylet per node): a
+  trainer head (1 CPU) and one node of `num_cpus` CPUs per entry of `roles`, each advertising its
+  role's resource. Returns (cluster, {role: [node ids]}); nothing is connected to it yet
+  (`cluster.address`), and the caller shuts it down. For tests and benches of placement."""
+  from ray.cluster_utils import Cluster
+  cluster = Cluster(initialize_head=True, connect=False, head_node_args=dict(
+      num_cpus=1, resources=node_resources("trainer"), include_dashboard=False))
+  nodes = {"trainer": [cluster.head_node.node_id]}
+  for role in roles:
+    nodes.setdefault(role, []).append(cluster.add_node(num_cpus=num_cpus, resources=node_resources(role)).node_id)
+  cluster.wait_for_nodes()
+  return cluster, nodes

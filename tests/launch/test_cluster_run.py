@@ -163,7 +163,6 @@ def _launch(workdir: str, address: str, n: int, *extra: str) -> subprocess.Popen
 def _scenario(workdir: str) -> dict:
   import ray
   from ray._private import state as ray_state
-  from ray.cluster_utils import Cluster
   from ray.util import placement_group_table
 
   from dockyard import ray_utils
@@ -172,13 +171,7 @@ def _scenario(workdir: str) -> dict:
        open(os.path.join(os.path.dirname(workdir), "train2.jsonl"), "w") as out:
     out.writelines(f.readlines()[:2])
   t0 = time.monotonic()
-  cluster = Cluster(initialize_head=True, connect=False, head_node_args=dict(
-      num_cpus=1, resources=ray_utils.node_resources("trainer"), include_dashboard=False))
-  nodes = {"trainer": [cluster.head_node.node_id]}
-  for role in ("inference", "sandbox", "sandbox"):
-    node = cluster.add_node(num_cpus=1, resources=ray_utils.node_resources(role))
-    nodes.setdefault(role, []).append(node.node_id)
-  cluster.wait_for_nodes()
+  cluster, nodes = ray_utils.role_cluster(("inference", "sandbox", "sandbox"))
   out = {"nodes": nodes, "address": cluster.address}
   procs = []
   try:

@@ -91,20 +91,13 @@ def _probe() -> dict:
   import urllib.request
 
   import ray
-  from ray.cluster_utils import Cluster
   from ray.util.placement_group import placement_group_table
 
   from configs import swe
   from dockyard.rollout import fleet as rollout_fleet
   from dockyard.sandbox.fleet import start_local_fleet
 
-  cluster = Cluster(initialize_head=True, connect=False, head_node_args=dict(
-      num_cpus=1, resources=ray_utils.node_resources("trainer"), include_dashboard=False))
-  nodes = {"trainer": [cluster.head_node.node_id]}
-  for role in ("inference", "sandbox", "sandbox"):
-    node = cluster.add_node(num_cpus=2, resources=ray_utils.node_resources(role))
-    nodes.setdefault(role, []).append(node.node_id)
-  cluster.wait_for_nodes()
+  cluster, nodes = ray_utils.role_cluster(("inference", "sandbox", "sandbox"), num_cpus=2)
   try:
     ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
     out = {"nodes": nodes, "driver_role": ray_utils.check_driver_node(ray)}
