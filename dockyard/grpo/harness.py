@@ -296,9 +296,27 @@ def save_due(config, step: int) -> bool:
   return bool(ckpt.enabled) and (step % ckpt.save_period == 0 or step == config.grpo.max_num_steps)
 
 
-def save_latest(ckpt_root: str, policy: Policy, step: int, source_state: Mapping[str, Any]) -> None:
-  """checkpoints/latest: the policy and loop_state.json = {step, **the source's state}."""
-  checkpoints.save_latest(ckpt_root, policy.save, dict(step=step, **source_state))
+def save_latest(ckpt_root: str, policy: Policy, step: int, source_state: Mapping[str, Any],
+                row: Mapping[str, float] | None = None) -> None:
+  """checkpoints/latest: the policy and loop_state.json = {step, **the source's state, row: the
+  step's metrics so far}. The loop writes the step's metrics row after the checkpoint (the row
+  holds its time); a run killed between the two gets the row back on resume
+  (`restore_last_row`)."""
+  state = dict(step=step, **source_state)
+  if row is not None:
+    state["row"] = {k: float(v) for k, v in row.items()}
+  checkpoints.save_latest(ckpt_root, policy.save, state)
+
+
+def restore_last_row(workdir: str, state: Mapping[str, Any] | None, writer) -> None:
+  """On resume: writes the checkpointed step's metrics row from loop_state.json when
+  metrics.jsonl lacks it (the run was killed after the checkpoint, before the row)."""
+  if state is None or "row" not in state:
+    return
+  path = os.path.join(workdir, "metrics.jsonl")
+  steps = {r.get("step") for r in workdir_lib.read_metrics(path)} if os.path.exists(path) else set()
+  if int(state["step"]) not in steps:
+    writer.write(int(state["step"]), state["row"])
 
 
 def _live_line(step: int, m: Mapping[str, float], kl: bool = False) -> str:

@@ -62,6 +62,7 @@ def grpo_train(config, *, source: TrajectorySource, policy: Policy, generator: G
     reference = harness.resolve_reference(config, policy, reference, ckpt_root,
                                           warm_started=grpo.sft_warmup.steps > 0,
                                           needed=settings.kl_coef != 0 or update.reads_reference)
+    harness.restore_last_row(workdir, state, writer)
     source.start(workdir, start, state)
     if grpo.val_at_start and start == 0 and validator.tasks:
       writer.write(0, validator(0))
@@ -86,8 +87,9 @@ def grpo_train(config, *, source: TrajectorySource, policy: Policy, generator: G
       if validator.due(step):
         metrics.update(validator(step))
       if harness.save_due(config, step):
+        row = {**metrics, **times}
         with timed(times, "checkpoint"):
-          harness.save_latest(ckpt_root, policy, step, source.state())
+          harness.save_latest(ckpt_root, policy, step, source.state(), row=row)
       times["time/step"] = time.perf_counter() - t_step
       metrics.update(times)
       writer.write(step, metrics)

@@ -18,8 +18,9 @@ and reach the sandbox), and during it:
   b. once step 1's metrics row is written, the engine's process is SIGKILLed: the fleet restarts it
      in its placement group on the inference node with the fleet's newest weights, and the next
      refit reports every engine at the trainer's weight version with the canary passing;
-  c. once step 2's checkpoint (and metrics row) is written, the driver is SIGKILLed, and the same command is run
-     again on the same workdir and cluster: it resumes at step 2 and finishes step 3. The relaunch
+  c. as soon as step 2's checkpoint is written, the driver is SIGKILLed (before or after it writes
+     step 2's metrics row), and the same command is run again on the same workdir and cluster: it
+     resumes at step 2 (writing step 2's row from the checkpoint if it was lost) and finishes step 3. The relaunch
      adds `--config.rollout.data_plane=object_store` (issue 20 item 6): step 3's groups are
      generated and scored by the experience worker beside the engine, on the inference node, and
      reach the trainer through the object store.
@@ -208,10 +209,9 @@ def _scenario(workdir: str) -> dict:
                                                      if r["id"] != engine["id"]], proc, 300)
     out["engine_restart"] = {"node": restarted[0]["node"], "pg": restarted[0]["pg"]}
 
-    # c. The driver killed after step 2's checkpoint, then the same command again.
-    # (The row is written just after the checkpoint: a kill between the two loses the row.)
-    _wait("step 2's checkpoint and row", lambda: _checkpoint_step(workdir) >= 2
-          and len(_step_rows(workdir)) >= 2, proc, 300, poll=0.02)
+    # c. The driver killed as soon as step 2's checkpoint is written (its metrics row may not be:
+    # the resumed run writes it from the checkpoint then), then the same command again.
+    _wait("step 2's checkpoint", lambda: _checkpoint_step(workdir) >= 2, proc, 300, poll=0.02)
     proc.send_signal(signal.SIGKILL)
     out["driver_kill"] = {"returncode": proc.wait(30), "checkpoint_step": _checkpoint_step(workdir),
                           "rows": len(_step_rows(workdir)), "t": time.monotonic() - t0}
@@ -309,7 +309,7 @@ def test_short_swe_run_on_a_simulated_cluster_survives_faults(tmp_path):
   # c. The driver was killed (SIGKILL) after step 2's checkpoint and before step 3 ended; the same
   # command resumed at step 2 (no second SFT, no step 1 or 2 again) and finished step 3.
   kill = out["driver_kill"]
-  assert kill["returncode"] == -signal.SIGKILL and kill["checkpoint_step"] == 2 and kill["rows"] == 2, kill
+  assert kill["returncode"] == -signal.SIGKILL and kill["checkpoint_step"] == 2 and kill["rows"] in (1, 2), kill
   assert out["run2"]["returncode"] == 0
   assert [row["step"] for row in steps] == [1, 2, 3]
   sft = [row for row in rows if "sft/loss" in row]
