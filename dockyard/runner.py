@@ -4,12 +4,13 @@ The order matters on a small machine: Ray first (before JAX spins up threads), t
 environment (and the local sandbox fleet for SWE when no URLs are configured), the policy, the
 vLLM rollout fleet, the weight synchronizer, the experience data plane's workers when
 `rollout.data_plane` is set, the trajectory source the config selects (sync or async); then
-`grpo.loop.grpo_train` over it (or, in eval mode, one validation pass over the test split). A config with a `dpo` section (configs/dpo.py) runs `dpo.loop.dpo_train` instead: the
-policy, its frozen reference and the preference pairs, no Ray and no engines; one with an `sft`
-section (configs/sft.py) runs `supervised.loop.sft_train`: the policy, the chats, and a vLLM engine
-in this process for the generation metric; one with an `rm` section (configs/rm.py) runs
-`rm.loop.rm_train`: a reward model (decoder + scalar head) and the pairs. Whatever fails, every fleet is shut down on the way
-out, and the failing component is named in the error.
+`grpo.loop.grpo_train` over it (or, in eval mode, one validation pass over the test split). A
+config with a `dpo` section (configs/dpo.py) runs `dpo.loop.dpo_train` instead: the policy, its
+frozen reference and the preference pairs, no Ray and no engines; one with an `sft` section
+(configs/sft.py) runs `supervised.loop.sft_train`: the policy, the chats, and a vLLM engine in
+this process for the generation metric; one with an `rm` section (configs/rm.py) runs
+`rm.loop.rm_train`: a reward model (decoder + scalar head) and the pairs. Whatever fails, every
+fleet is shut down on the way out, and the failing component is named in the error.
 """
 from __future__ import annotations
 
