@@ -16,6 +16,14 @@ class Reward:
   components: dict[str, float] = dataclasses.field(default_factory=dict)  # for multi-reward (GDPO)
   malformed: bool = False                      # the completion could not be parsed
 
+  def to_json(self) -> dict[str, Any]:
+    """JSON-able fields (`Reward(**d)` reads them back); what JSON cannot hold in `info` (the env
+    may report anything there) is kept as its repr."""
+    return dict(value=float(self.value), components={k: float(v) for k, v in self.components.items()},
+                malformed=bool(self.malformed),
+                info={k: v if isinstance(v, (int, float, str, bool, type(None))) else repr(v)
+                      for k, v in self.info.items()})
+
 
 class Environment(abc.ABC):
 

@@ -52,10 +52,7 @@ def group_version(group: Group, to_logical=lambda v: v) -> int:
 def _group_to_json(g: Group) -> dict:
   return dict(task=dict(g.task), prompt_ids=list(g.prompt_ids), texts=list(g.texts),
               completions=[dataclasses.asdict(c) for c in g.completions],
-              # info may hold anything the env reported; what JSON cannot hold is kept as text
-              rewards=[dict(value=r.value, components=dict(r.components), malformed=r.malformed,
-                            info={k: v if isinstance(v, (int, float, str, bool, type(None))) else repr(v)
-                                  for k, v in r.info.items()}) for r in g.rewards])
+              rewards=[r.to_json() for r in g.rewards])
 
 
 def _group_from_json(d: Mapping[str, Any]) -> Group:

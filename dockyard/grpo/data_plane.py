@@ -47,14 +47,11 @@ from dockyard.rollout.chat import decode, encode_prompt
 def pack_group(prompt_ids: Sequence[int], completions: Sequence[Completion], texts: Sequence[str],
                rewards: Sequence[Reward]) -> dict[str, np.ndarray]:
   """One scored group as flat numpy arrays (Ray stores numpy buffers out of band, so the reader
-  maps them from shared memory). Rewards' info keeps what JSON holds (as the async buffer's
+  maps them from shared memory). Rewards as `Reward.to_json` writes them (as the async buffer's
   checkpoint does); everything variable-length rides in one UTF-8 JSON buffer."""
   lengths = np.array([len(c.token_ids) for c in completions], np.int64)
   per_token = [c.token_weight_versions or [c.weight_version] * len(c.token_ids) for c in completions]
-  meta = dict(texts=list(texts), rewards=[
-      dict(value=float(r.value), malformed=bool(r.malformed), components={k: float(v) for k, v in r.components.items()},
-           info={k: v if isinstance(v, (int, float, str, bool, type(None))) else repr(v) for k, v in r.info.items()})
-      for r in rewards], per_token_versions=[c.token_weight_versions is not None for c in completions],
+  meta = dict(texts=list(texts), rewards=[r.to_json() for r in rewards], per_token_versions=[c.token_weight_versions is not None for c in completions],
       loss_masks=[c.loss_mask for c in completions], finish=[c.finish_reason for c in completions])
   cat = lambda xs, dt: np.concatenate([np.asarray(x, dt) for x in xs]) if len(xs) else np.zeros(0, dt)
   return dict(
@@ -81,15 +78,12 @@ def unpack_group(record: Mapping[str, np.ndarray]) -> tuple[list[int], list[Comp
         finish_reason=meta["finish"][i], weight_version=int(record["weight_version"][i]),
         token_weight_versions=record["token_versions"][a:b].tolist() if meta["per_token_versions"][i] else None,
         loss_mask=meta["loss_masks"][i]))
-  rewards = [Reward(value=r["value"], info=r["info"], components=r["components"], malformed=r["malformed"])
-             for r in meta["rewards"]]
+  rewards = [Reward(**r) for r in meta["rewards"]]
   return prompt, completions, list(meta["texts"]), rewards
 
 
 def record_bytes(record: Mapping[str, np.ndarray]) -> int:
   return int(sum(v.nbytes for v in record.values()))
-
-
 
 
 def task_key(task: Mapping[str, Any]) -> str:
@@ -160,13 +154,15 @@ class ObjectStorePlane:
   """The driver's side: one worker per engine of a `RolloutFleet`; `group(task, n, sampling)`
   plays one training task's group on the least-loaded engine and returns it unpacked, plus its
   timings. The driver sends the task's index in `tasks` and the sampling settings only. A dead
-  engine is restarted by the fleet (its newest weights loaded) and the group played again."""
+  engine is restarted by the fleet (`RolloutFleet.on_an_engine`: its newest weights loaded) and
+  the group played again."""
 
   def __init__(self, fleet, env_factory, model_path: str, tasks: Sequence[Mapping[str, Any]]):
+    import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-    self.fleet, self._ray = fleet, fleet._ray
+    self.fleet = fleet
     self._index = {task_key(t): i for i, t in enumerate(tasks)}
-    cls = self._ray.remote(ExperienceWorkerImpl)
+    cls = ray.remote(ExperienceWorkerImpl)
     env = {"PYTHONPATH": os.pathsep.join(p for p in (_repo_root(), os.environ.get("PYTHONPATH", "")) if p)}
     # 0 CPUs in the engine's placement group: the worker lands on the engine's (inference) node and
     # takes nothing from its bundle.
@@ -175,44 +171,30 @@ class ObjectStorePlane:
         scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=0),
     ).remote(env_factory, model_path, tasks_fingerprint(tasks), actor)
         for pg, actor in zip(fleet.placement_groups, fleet.actors)]
-    self.infos = self._ray.get([w.info.remote() for w in self.workers])
+    self._engines = list(fleet.actors)   # the engine handle each worker holds
+    self.infos = ray.get([w.info.remote() for w in self.workers])
     self.shared_bytes = 0     # bytes of groups the trainer mapped from the object store
     self.groups = 0
     self._reported = (0, 0)
 
   async def group(self, task: Mapping[str, Any], n: int, sampling: SamplingParams
                   ) -> tuple[list[int], list[Completion], list[str], list[Reward], dict]:
-    from ray.exceptions import RayActorError, RayTaskError
     key = task_key(task)
     if key not in self._index:
       raise KeyError(f"task {task.get('instance_id', '?')!r} is not one of the run's training tasks; the "
                      "data plane plays training tasks only")
-    fleet = self.fleet
-    for attempt in range(fleet.max_restarts + 1):
-      # engines at the fleet's weight version only (a restarted one may wait for the next sync)
-      i = min(fleet._serving(), key=lambda j: fleet.in_flight[j])
-      engine = fleet.actors[i]
-      fleet.in_flight[i] += 1
-      try:
-        out = await self.workers[i].play.remote(self._index[key], n, sampling)
-      except (RayActorError, RayTaskError) as e:
-        # the engine died under the worker's call (a worker's own failure is not retried)
-        if not (isinstance(e, RayActorError) or isinstance(getattr(e, "cause", None), RayActorError)):
-          raise
-        if attempt == fleet.max_restarts:
-          raise
-        await asyncio.to_thread(fleet._restart, i, engine)
-        await self.workers[i].set_engine.remote(fleet.actors[i])
-        continue
-      finally:
-        fleet.in_flight[i] = max(0, fleet.in_flight[i] - 1)
-      fleet.served[i] += 1
-      record = await out["ref"][0]
-      self.shared_bytes += record_bytes(record)
-      self.groups += 1
-      prompt, completions, texts, rewards = unpack_group(record)
-      return prompt, completions, texts, rewards, out
-    raise AssertionError("unreachable")
+
+    async def play(i, engine):   # worker i beside engine i, told of a restarted engine first
+      if self._engines[i] is not engine:
+        await self.workers[i].set_engine.remote(engine)
+        self._engines[i] = engine
+      return await self.workers[i].play.remote(self._index[key], n, sampling)
+    out = await self.fleet.on_an_engine(play)   # a serving engine; restarted and replayed if it dies
+    record = await out["ref"][0]
+    self.shared_bytes += out["bytes"]
+    self.groups += 1
+    prompt, completions, texts, rewards = unpack_group(record)
+    return prompt, completions, texts, rewards, out
 
   def metrics(self) -> dict[str, float]:
     """`data_plane/*` since the last call: groups read from the object store and their bytes."""
@@ -221,12 +203,13 @@ class ObjectStorePlane:
     return {"data_plane/groups": float(groups), "data_plane/shared_bytes": float(shared)}
 
   def close(self) -> None:
+    import ray
     try:
-      self._ray.get([w.close.remote() for w in self.workers], timeout=30)
+      ray.get([w.close.remote() for w in self.workers], timeout=30)
     except Exception:   # a worker that is gone has nothing to close
       pass
     for w in self.workers:
-      self._ray.kill(w)
+      ray.kill(w)
 
 
 def _repo_root() -> str:

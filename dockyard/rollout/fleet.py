@@ -301,21 +301,32 @@ class RolloutFleet(Generator):
 
   async def agenerate(self, prompt_ids: Sequence[int], n: int, sampling: SamplingParams) -> list[Completion]:
     """One prompt's n completions from the least-loaded engine; retried on an engine restart."""
-    from ray.exceptions import RayActorError
+    prompt = list(prompt_ids)
+    return (await self.on_an_engine(lambda i, actor: actor.generate.remote([prompt], n, sampling)))[0]
+
+  async def on_an_engine(self, call: Callable[[int, Any], Any]) -> Any:
+    """`await call(i, actor)` on the least-loaded engine `i` at the fleet's weight version, counted
+    in its load. When the engine dies under the call (Ray's actor error, also as the cause of a
+    task error: the call may go through another actor that calls the engine), the engine is
+    restarted (with the fleet's newest weights) and the call made again, up to
+    `rollout.max_restarts` times; any other failure is raised as it is."""
+    from ray.exceptions import RayActorError, RayTaskError
     for attempt in range(self.max_restarts + 1):
       i = min(self._serving(), key=lambda j: self.in_flight[j])
-      actor, ref = self._submit(i, [list(prompt_ids)], n, sampling)
+      actor = self.actors[i]
+      self.in_flight[i] += 1
       try:
-        out = await ref
-      except RayActorError:
-        if attempt == self.max_restarts:
+        out = await call(i, actor)
+      except (RayActorError, RayTaskError) as e:
+        died = isinstance(e, RayActorError) or isinstance(getattr(e, "cause", None), RayActorError)
+        if not died or attempt == self.max_restarts:
           raise
         await asyncio.to_thread(self._restart, i, actor)
         continue
       finally:
         self.in_flight[i] = max(0, self.in_flight[i] - 1)
       self.served[i] += 1
-      return out[0]
+      return out
     raise AssertionError("unreachable")
 
   def prompt_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[np.ndarray]:
