@@ -310,13 +310,16 @@ def save_latest(ckpt_root: str, policy: Policy, step: int, source_state: Mapping
 
 def restore_last_row(workdir: str, state: Mapping[str, Any] | None, writer) -> None:
   """On resume: writes the checkpointed step's metrics row from loop_state.json when
-  metrics.jsonl lacks it (the run was killed after the checkpoint, before the row)."""
+  metrics.jsonl lacks it (the run was killed after the checkpoint, before the row). A row counts
+  as written when some row of that step holds every key of the checkpointed one: other rows share
+  step numbers (the SFT warm start's `sft/*` rows count their own steps from 1)."""
   if state is None or "row" not in state:
     return
+  step, keys = int(state["step"]), set(state["row"])
   path = os.path.join(workdir, "metrics.jsonl")
-  steps = {r.get("step") for r in workdir_lib.read_metrics(path)} if os.path.exists(path) else set()
-  if int(state["step"]) not in steps:
-    writer.write(int(state["step"]), state["row"])
+  rows = workdir_lib.read_metrics(path) if os.path.exists(path) else []
+  if not any(r.get("step") == step and keys <= set(r) for r in rows):
+    writer.write(step, state["row"])
 
 
 def _live_line(step: int, m: Mapping[str, float], kl: bool = False) -> str:
