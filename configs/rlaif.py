@@ -38,14 +38,7 @@ def get_config(arg=None):
       num_val_prompts=20,       # of its held-out split: validation's pairs
   )
   # rollout: the engine that writes them (in this process; sized for the three-turn conversation).
-  config.rollout = dict(
-      max_model_len=512,
-      dtype="float32",
-      gpu_memory_utilization=0.3,   # on a GPU: the trainer shares it (ignored on CPU)
-      cpu_kvcache_space_gib=1,
-      enforce_eager=True,
-      tensor_parallel_size=1,
-  )
+  config.rollout.max_model_len = 512
   if arg.smollm:
     smollm = math_config.get_config("smollm")
     config.policy.model_name_or_path = smollm.policy.model_name_or_path

@@ -87,8 +87,8 @@ def _pair_data(config: ml_collections.ConfigDict, made_as: str, pairs_per_step: 
 
 
 def preference_plan(config: ml_collections.ConfigDict) -> RunPlan:
-  """configs/dpo.py: the trainer alone (and its frozen reference), no engines, no sandbox;
-  configs/rlaif.py adds the in-process engine that makes its pairs first."""
+  """configs/dpo.py: the trainer (and its frozen reference), no sandbox; an engine in its process
+  when the model makes its pairs (configs/rlaif.py, `sampled_pairs`) or for the generation metric."""
   cluster, dpo = config.cluster, config.dpo
   devices = validate._mesh_devices(config)
   mesh_shape = validate.resolve_mesh_shape(config.mesh.shape, devices)
@@ -104,6 +104,21 @@ def preference_plan(config: ml_collections.ConfigDict) -> RunPlan:
             "validation": f"those of {rlaif.num_val_prompts} held-out prompts",
             "pairs_per_step": dpo.num_pairs_per_step}
     loop = f"rlaif + {loop}"
+  elif "sampled_pairs" in config:   # configs/dpo.py:smollm: pairs of the model's own samples
+    made, math_cfg = config.sampled_pairs, config.env.math
+    data = {"train": f"pairs of the model's own samples ({made.num_samples} a prompt at temperature "
+                     f"{made.temperature}; a right vs a wrong answer, up to {made.pairs_per_prompt} a prompt) "
+                     f"for {made.num_train_prompts} math prompts ({' '.join(math_cfg.ops)}, operands "
+                     f"{math_cfg.min_operand}-{math_cfg.max_operand})",
+            "validation": f"those of {made.num_val_prompts} held-out prompts",
+            "pairs_per_step": dpo.num_pairs_per_step}
+  if "rlaif" in config or "sampled_pairs" in config or int(dpo.generate_period) > 0:
+    unit = "GPU" if cluster.accelerators_per_node > 0 else "CPU"
+    uses = [u for u, on in (("makes the pairs with the initial weights", "rlaif" in config or "sampled_pairs" in config),
+                            (f"greedy pass@1 on {config.env.math.num_validation} held-out math tasks every "
+                             f"{dpo.generate_period} steps", int(dpo.generate_period) > 0)) if on]
+    fleets.append(Fleet("rollout", 1, {unit: config.rollout.tensor_parallel_size},
+                        f"in the trainer's process ({'; then '.join(uses)})", "node 0"))
   return RunPlan(
       variant=config.run.variant, mode="train", loop=loop, env="preference pairs",
       policy=_policy_name(config), backend=config.policy.backend, mesh_axes=tuple(config.mesh.axes),

@@ -17,12 +17,11 @@ held-out prompts' pairs are the DPO loop's validation: `val/chosen_preferred` is
 policy gives its own revision the higher logprob. The pairs and every critique are written to
 `<workdir>/rlaif_pairs.jsonl`. This is the supervised half of Constitutional AI (Bai et al. 2022)
 feeding a preference loss, the critic being the policy itself; no human labels. A resumed run
-trains on the pairs its first start wrote (`runner.rlaif_pairs`).
+trains on the pairs its first start wrote (`runner.model_made_pairs`).
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any, Mapping, Sequence
 
 from dockyard.dpo.data import PreferencePair
@@ -85,13 +84,8 @@ def make_pairs(engine, tokenizer, prompts: Sequence[Sequence[Mapping[str, str]]]
   pairs, records = [], []
   for p, a, r, k, v in zip(prompts, answers, principles, critiques, revised):
     kept = bool(a) and bool(v) and a != v
-    records.append(dict(messages=p, answer=a, principle=r, critique=k, revision=v, kept=kept))
+    records.append(dict(messages=p, answer=a, principle=r, critique=k, revision=v, kept=kept,
+                        pairs=[[v, a]] if kept else []))
     if kept:
       pairs.append(PreferencePair(tuple(p), chosen=v, rejected=a))
   return pairs, records
-
-
-def write_records(path: str, records: Sequence[Mapping[str, Any]], split: str) -> None:
-  with open(path, "a") as f:
-    for r in records:
-      f.write(json.dumps({"split": split, **r}) + "\n")

@@ -176,62 +176,98 @@ def preference_pairs(config) -> tuple[list, list]:
   return pair_data.math_pairs(env, env.train, cfg.seed), pair_data.math_pairs(env, env.validation, cfg.seed + 1)
 
 
-def rlaif_pairs(config, model_path: str, tokenizer, workdir: str) -> tuple[list, list]:
-  """(train, held-out) pairs the initial model makes by critiquing and revising its own answers to
-  env.math's prompts (`dockyard.rlaif`, configs/rlaif.py), with a vLLM engine in this process that
-  is shut down before training. Kept in <workdir>/rlaif_pairs.jsonl: a resumed run reads them back."""
-  from dockyard import rlaif
-  from dockyard.dpo.data import PreferencePair
-  from dockyard.envs import math as math_env
-  path = os.path.join(workdir, rlaif.RECORDS)
-  if os.path.exists(path):   # a resumed run trains on the pairs it made
-    split = {"train": [], "validation": []}
-    with open(path) as f:
-      for r in (json.loads(line) for line in f if line.strip()):
-        if r["kept"]:
-          split[r["split"]].append(PreferencePair(tuple(r["messages"]), r["revision"], r["answer"]))
-    return split["train"], split["validation"]
-  cfg = rlaif.RlaifConfig.from_config(config.rlaif)
-  env = math_env.MathEnv(math_env.MathConfig.from_config(config))
+def local_engine(config, model_path: str, stack: contextlib.ExitStack):
+  """A vLLM engine in this process (no Ray) serving `model_path` with `config.rollout`'s options;
+  shut down when `stack` closes (before the process exits: vLLM's own teardown at exit fails on
+  process groups the torch trainer has already destroyed)."""
   from dockyard.rollout.vllm_engine import VLLMEngine
+  # As the fleet's engine actors: every refit logs INFO lines (and benign 'Failed to load weights'
+  # warnings for tied / rotary modules); vLLM reads this when it is first imported, here.
   os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
   engine = VLLMEngine(model_path, config.rollout, seed=config.run.seed)
+  stack.callback(engine.shutdown)
+  return engine
+
+
+def read_pair_records(path: str) -> tuple[list, list]:
+  """(train, held-out) pairs back from a run's records file (`rlaif.RECORDS`, `dpo.sampled.RECORDS`):
+  one JSON object a line, with its `split` and its `pairs` as [chosen, rejected] lists."""
+  from dockyard.dpo.data import PreferencePair
+  split = {"train": [], "validation": []}
+  with open(path) as f:
+    for r in (json.loads(line) for line in f if line.strip()):
+      split[r["split"]].extend(PreferencePair(tuple(r["messages"]), c, rej) for c, rej in r["pairs"])
+  return split["train"], split["validation"]
+
+
+def model_made_pairs(config, engine, tokenizer, workdir: str) -> tuple[list, list]:
+  """(train, held-out) pairs the initial model makes from env.math's prompts with `engine` (its
+  weights are still the initial ones): by critiquing and revising its own answers (`rlaif`,
+  configs/rlaif.py) or from its own right and wrong samples (`sampled_pairs`, configs/dpo.py:smollm;
+  `dpo.sampled`). Every prompt's record goes to the workdir; a resumed run reads the pairs back."""
+  from dockyard.envs import math as math_env
+  if "rlaif" in config:
+    from dockyard import rlaif as maker
+    cfg = maker.RlaifConfig.from_config(config.rlaif)
+    make = lambda tasks, seed: maker.make_pairs(engine, tokenizer, [env.prompt_messages(t) for t in tasks], cfg, seed)
+    what = "revision != answer"
+  else:
+    from dockyard.dpo import sampled as maker
+    cfg = maker.SampledPairsConfig.from_config(config.sampled_pairs)
+    make = lambda tasks, seed: maker.make_pairs(engine, tokenizer, env, tasks, cfg,
+                                                int(config.rollout.max_new_tokens), seed)
+    what = f"a right vs a wrong answer of {cfg.num_samples} samples"
+  path = os.path.join(workdir, maker.RECORDS)
+  if os.path.exists(path):   # a resumed run trains on the pairs it made
+    return read_pair_records(path)
+  env = math_env.MathEnv(math_env.MathConfig.from_config(config))
   out = {}
-  try:
+  with open(path + ".tmp", "w") as f:
     for i, (split, tasks, n) in enumerate((("train", env.train, cfg.num_train_prompts),
                                            ("validation", env.validation, cfg.num_val_prompts))):
-      pairs, records = rlaif.make_pairs(engine, tokenizer, [env.prompt_messages(t) for t in tasks[:n]],
-                                        cfg, seed=config.run.seed * 2 + i) if n else ([], [])
+      pairs, records = make(tasks[:n], config.run.seed * 2 + i) if n else ([], [])
       out[split] = pairs
-      rlaif.write_records(path + ".tmp", records, split)
-  finally:
-    engine.shutdown()
+      for r in records:
+        f.write(json.dumps({"split": split, **r}) + "\n")
+  if not out["train"]:
+    raise ValueError(f"{maker.__name__.rsplit('.', 1)[-1]}: the model made no train pairs ({what}) from "
+                     f"{cfg.num_train_prompts} prompts; the records are in {path}.tmp")
   os.replace(path + ".tmp", path)
-  print(f"rlaif: {len(out['train'])} train / {len(out['validation'])} held-out pairs "
-        f"(revision != answer) -> {path}", flush=True)
+  print(f"{maker.__name__.rsplit('.', 1)[-1]}: {len(out['train'])} train / {len(out['validation'])} held-out "
+        f"pairs ({what}) -> {path}", flush=True)
   return out["train"], out["validation"]
 
 
 def run_preference(config, paths: dict[str, str]) -> None:
-  """A DPO-family run (configs/dpo.py): no Ray, no engines; the policy, a frozen reference of the
-  initial weights when the mode reads one (built as GRPO builds its KL reference: a second policy
-  from the same checkpoint), and `dpo.loop.dpo_train`."""
+  """A DPO-family run (configs/dpo.py): no Ray; the policy, a frozen reference of the initial
+  weights when the mode reads one (built as GRPO builds its KL reference: a second policy from the
+  same checkpoint), and `dpo.loop.dpo_train`. One vLLM engine in this process when the model makes
+  its own pairs (`rlaif`, `sampled_pairs`) or `dpo.generate_period` > 0: it samples the pairs with
+  the initial weights, then serves the generation metric."""
   t0 = time.perf_counter()
   model_path, tokenizer = model_and_tokenizer(config)
-  with component("data"):
-    train_pairs, val_pairs = (rlaif_pairs(config, model_path, tokenizer, paths["workdir"])
-                              if "rlaif" in config else preference_pairs(config))
-  from dockyard import policy_factory
-  from dockyard.dpo.loss_spec import PreferenceConfig
-  with component("trainer", f"building the {config.policy.backend} trainer"):
-    policy = policy_factory.make_policy(config, model_path)
-    reference = (policy_factory.make_policy(config, model_path)
-                 if PreferenceConfig.from_config(config.dpo).needs_reference else None)
-  setup_s = time.perf_counter() - t0
-  from dockyard.dpo.loop import dpo_train
-  result = dpo_train(config, policy=policy, reference=reference, tokenizer=tokenizer,
-                     train_pairs=train_pairs, val_pairs=val_pairs, workdir=paths["workdir"],
-                     loss_fn=policy_factory.make_preference_loss(config))
+  made = "rlaif" in config or "sampled_pairs" in config
+  with contextlib.ExitStack() as stack:
+    engine = None
+    if made or int(config.dpo.generate_period) > 0:
+      with component("rollout", "starting the vLLM engine in this process"):
+        engine = local_engine(config, model_path, stack)
+    with component("data"):
+      train_pairs, val_pairs = (model_made_pairs(config, engine, tokenizer, paths["workdir"]) if made
+                                else preference_pairs(config))
+    from dockyard import policy_factory
+    from dockyard.dpo.loss_spec import PreferenceConfig
+    with component("trainer", f"building the {config.policy.backend} trainer"):
+      policy = policy_factory.make_policy(config, model_path)
+      reference = (policy_factory.make_policy(config, model_path)
+                   if PreferenceConfig.from_config(config.dpo).needs_reference else None)
+    generation = (generation_metric(config, policy, tokenizer, engine, stack)
+                  if int(config.dpo.generate_period) > 0 else None)
+    setup_s = time.perf_counter() - t0
+    from dockyard.dpo.loop import dpo_train
+    result = dpo_train(config, policy=policy, reference=reference, tokenizer=tokenizer,
+                       train_pairs=train_pairs, val_pairs=val_pairs, workdir=paths["workdir"],
+                       loss_fn=policy_factory.make_preference_loss(config), generation=generation)
   from dockyard import summary
   print(summary.render_preference(config, paths["workdir"], result, setup_s=setup_s,
                                   total_s=time.perf_counter() - t0), flush=True)
@@ -282,21 +318,15 @@ def conversations(config) -> tuple[list, list]:
   return chat_data.gold_conversations(env, env.train), chat_data.gold_conversations(env, env.validation)
 
 
-def generation_metric(config, policy, tokenizer, model_path: str, stack: contextlib.ExitStack):
-  """The SFT run's generation metric: greedy pass@1 on env.math's held-out tasks, sampled by a
-  vLLM engine in this process that the policy's weights reach in process (with the refit canary)."""
+def generation_metric(config, policy, tokenizer, engine, stack: contextlib.ExitStack):
+  """The SFT and DPO runs' generation metric: greedy pass@1 on env.math's held-out tasks, sampled
+  by `engine` (`local_engine`) that the policy's weights reach in process (with the refit canary)."""
   from dockyard.envs import math as math_env
   from dockyard.refit.synchronizer import WeightSynchronizer, make_canary
   from dockyard.refit.transports import InProcessTransport
   from dockyard.rollout.base import SamplingParams
-  from dockyard.rollout.vllm_engine import VLLMEngine
   from dockyard.supervised.loop import GenerationMetric
   env = math_env.MathEnv(math_env.MathConfig.from_config(config))
-  # As the fleet's engine actors: every refit logs INFO lines (and benign 'Failed to load weights'
-  # warnings for tied / rotary modules); vLLM reads this when it is first imported, here.
-  os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-  engine = VLLMEngine(model_path, config.rollout, seed=config.run.seed)
-  stack.callback(engine.shutdown)
   synchronizer = WeightSynchronizer(policy, engine, InProcessTransport(engine),
                                     make_canary(config.refit.canary, engine.vocab_size))
   sampling = SamplingParams(temperature=config.rollout.val_temperature, top_p=1.0,
@@ -320,7 +350,7 @@ def run_supervised(config, paths: dict[str, str]) -> None:
     generation = None
     if int(config.sft.generate_period) > 0:
       with component("rollout", "starting the vLLM engine of the generation metric"):
-        generation = generation_metric(config, policy, tokenizer, model_path, stack)
+        generation = generation_metric(config, policy, tokenizer, local_engine(config, model_path, stack), stack)
     setup_s = time.perf_counter() - t0
     from dockyard.supervised.loop import sft_train
     result = sft_train(config, policy=policy, tokenizer=tokenizer, train=train, validation=validation,

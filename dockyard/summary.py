@@ -98,15 +98,15 @@ def _phase_rows(table: Table, rows: list[dict], phases) -> None:
       table.add_row(f"time: {p}", f"{secs:.0f} s")
 
 
-PREFERENCE_PHASES = ("reference", "train", "validate", "checkpoint")
+PREFERENCE_PHASES = ("reference", "train", "validate", "generate", "checkpoint")
 
 
 def render_preference(config, workdir: str, result=None, setup_s: float = 0.0, total_s: float = 0.0) -> str:
   """A DPO-family run (`dpo.loop.dpo_train`): held-out metrics first -> last, train loss, times."""
   table, rows = _first_last_table(config, workdir, config.dpo.mode, (
-      "val/preference_loss", "val/reward_accuracy", "val/chosen_preferred", "val/reward_margin"))
+      "val/preference_loss", "val/reward_accuracy", "val/chosen_preferred", "val/reward_margin", "val/pass@1"))
   table.add_row("steps", str(max((r["step"] for r in rows if "time/step" in r), default=0)))
-  table.add_row("set-up (model, trainer, reference)", f"{setup_s:.0f} s")
+  table.add_row("set-up (model, trainer, reference; engine and pairs when made)", f"{setup_s:.0f} s")
   _phase_rows(table, rows, PREFERENCE_PHASES)
   return _finish(table, workdir, total_s)
 

@@ -650,17 +650,62 @@ def _validate_preference(config) -> None:
   for key in ("num_steps", "num_pairs_per_step"):
     if int(dpo[key]) < 1:
       raise ConfigError(f"dpo.{key}", f"must be >= 1, got {dpo[key]}")
-  if int(dpo.val_period) < 0:
-    raise ConfigError("dpo.val_period", f"must be >= 0 (0: no validation), got {dpo.val_period}")
+  for key in ("val_period", "generate_period"):
+    if int(dpo[key]) < 0:
+      raise ConfigError(f"dpo.{key}", f"must be >= 0 (0: never), got {dpo[key]}")
   _validate_pair_micro_batch(config)
+  made = "rlaif" in config or "sampled_pairs" in config
+  if "rlaif" in config and "sampled_pairs" in config:
+    raise ConfigError("sampled_pairs", "a run makes its pairs one way: by RLAIF's critique and revision "
+                      "(rlaif) or from the model's right and wrong samples (sampled_pairs), not both")
   if "rlaif" in config:   # the model makes its pairs from env.math's prompts (dockyard/rlaif.py)
     _validate_rlaif(config)
+  elif "sampled_pairs" in config:   # ... from its own samples (dockyard/dpo/sampled.py)
+    _validate_sampled_pairs(config)
   else:
     _validate_data_files(config, "preference pairs", "pairs")
-  if not config.data.train or "rlaif" in config:
+  if not config.data.train or made or int(dpo.generate_period) > 0:
     _validate_math_env(config)
+  if made or int(dpo.generate_period) > 0:
+    _validate_local_engine(config, "dpo.generate_period")
+  if int(dpo.generate_period) > 0:
+    _check_canary(config.refit.canary)
   if int(config.checkpoint.save_period) < 1:
     raise ConfigError("checkpoint.save_period", f"must be >= 1, got {config.checkpoint.save_period}")
+
+
+def _validate_sampled_pairs(config) -> None:
+  """configs/dpo.py:smollm: SampledPairsConfig's own checks, pairs only from the model."""
+  from dockyard.dpo.sampled import SampledPairsConfig   # no model, no engine at import
+  try:
+    SampledPairsConfig.from_config(config.sampled_pairs)
+  except ValueError as err:   # "sampled_pairs.<key> ..." -> that key
+    key = str(err).split(" ", 1)[0]
+    raise ConfigError(key if key.startswith("sampled_pairs.") else "sampled_pairs", str(err)) from None
+  if config.data.train or config.data.validation:
+    raise ConfigError("data.train", "sampled_pairs makes the pairs from the model's own samples: leave "
+                      "data.train and data.validation ''")
+  if int(config.policy.max_seq_len) < int(config.rollout.max_new_tokens) + 64:
+    raise ConfigError("policy.max_seq_len", f"a pair is the prompt + a sample of up to rollout.max_new_tokens="
+                      f"{config.rollout.max_new_tokens} tokens: needs >= {int(config.rollout.max_new_tokens) + 64}")
+
+
+def _validate_local_engine(config, period_key: str) -> None:
+  """The in-process vLLM engine's settings (SFT's and DPO's generation metric, the pairs the model
+  makes), and the held-out tasks the generation metric samples."""
+  section, key = period_key.split(".")
+  if int(config[section][key]) > 0 and int(config.env.math.num_validation) < 1:
+    raise ConfigError("env.math.num_validation", f"the generation metric ({period_key} > 0) samples the "
+                      f"held-out tasks: must be >= 1, or set {period_key}=0")
+  rollout = config.rollout
+  if int(rollout.tensor_parallel_size) < 1:
+    raise ConfigError("rollout.tensor_parallel_size", f"must be >= 1, got {rollout.tensor_parallel_size}")
+  if int(rollout.max_new_tokens) < 1:
+    raise ConfigError("rollout.max_new_tokens", f"must be >= 1, got {rollout.max_new_tokens}")
+  if rollout.max_new_tokens >= rollout.max_model_len:
+    raise ConfigError("rollout.max_new_tokens", f"must be < rollout.max_model_len ({rollout.max_model_len})")
+  if rollout.val_temperature < 0:
+    raise ConfigError("rollout.val_temperature", f"must be >= 0 (0: greedy), got {rollout.val_temperature}")
 
 
 def _validate_rlaif(config) -> None:
@@ -746,18 +791,7 @@ def _validate_sft(config) -> None:
   _validate_data_files(config, "chat data", "chats")
   _validate_math_env(config)   # the default chats, and the generation metric's tasks
   if int(sft.generate_period) > 0:
-    if int(config.env.math.num_validation) < 1:
-      raise ConfigError("env.math.num_validation", "the generation metric (sft.generate_period > 0) "
-                        "samples the held-out tasks: must be >= 1, or set sft.generate_period=0")
-    rollout = config.rollout
-    if int(rollout.tensor_parallel_size) < 1:
-      raise ConfigError("rollout.tensor_parallel_size", f"must be >= 1, got {rollout.tensor_parallel_size}")
-    if int(rollout.max_new_tokens) < 1:
-      raise ConfigError("rollout.max_new_tokens", f"must be >= 1, got {rollout.max_new_tokens}")
-    if rollout.max_new_tokens >= rollout.max_model_len:
-      raise ConfigError("rollout.max_new_tokens", f"must be < rollout.max_model_len ({rollout.max_model_len})")
-    if rollout.val_temperature < 0:
-      raise ConfigError("rollout.val_temperature", f"must be >= 0 (0: greedy), got {rollout.val_temperature}")
+    _validate_local_engine(config, "sft.generate_period")
     _check_canary(config.refit.canary)
   if int(config.checkpoint.save_period) < 1:
     raise ConfigError("checkpoint.save_period", f"must be >= 1, got {config.checkpoint.save_period}")

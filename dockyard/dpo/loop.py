@@ -5,7 +5,10 @@ Offline preference training through the `Policy` seam, whichever backend the pol
 the frozen reference policy's logprobs of the batch (dpo / ipo only; simpo and orpo are
 reference-free and skip that forward) -> `policy.train_step` with the preference loss ->
 validation every `dpo.val_period` steps -> one metrics row (`train/*`, `val/*`, `time/*`) to
-metrics.jsonl and TensorBoard. Like `dockyard.sft.sft_loop` it is a plain `for step in ...` loop;
+metrics.jsonl and TensorBoard; every `dpo.generate_period` steps (and at 0 and the end) the
+generation metric when the runner gives one (`supervised.loop.GenerationMetric`: greedy pass@1 on
+env.math's held-out tasks through a vLLM engine fed the policy's weights, `val/pass@1` ...). Like
+`dockyard.sft.sft_loop` it is a plain `for step in ...` loop;
 like the GRPO loop it resumes from `<workdir>/checkpoints/latest` (`grpo.checkpoints`) and starts
 with a validation at step 0.
 
@@ -22,7 +25,7 @@ import dataclasses
 import math
 import os
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -87,10 +90,13 @@ def train_batch(pairs: Sequence[data_lib.EncodedPair], pad_id: int, cfg: Prefere
 
 def dpo_train(config, *, policy: Policy, reference: Policy | None, tokenizer,
               train_pairs: Sequence[data_lib.PreferencePair], val_pairs: Sequence[data_lib.PreferencePair],
-              workdir: str, loss_fn: LossFn, progress: bool = True) -> DpoResult:
+              workdir: str, loss_fn: LossFn, generation: Callable[[], dict[str, float]] | None = None,
+              progress: bool = True) -> DpoResult:
   """`config.dpo.num_steps` steps of the preference loss `loss_fn` (`policy_factory.
   make_preference_loss(config)`, the policy's backend); `reference` (the initial weights, frozen)
-  is needed by the modes that read reference logprobs (dpo, ipo) and ignored by the others."""
+  is needed by the modes that read reference logprobs (dpo, ipo) and ignored by the others;
+  `generation`, when given, returns the generation metric's `val/*` for the policy's current
+  weights (a `supervised.loop.GenerationMetric`), every `dpo.generate_period` steps."""
   dpo = config.dpo
   cfg = PreferenceConfig.from_config(config.dpo)
   if cfg.needs_reference and reference is None:
@@ -101,6 +107,9 @@ def dpo_train(config, *, policy: Policy, reference: Policy | None, tokenizer,
   sampler = data_lib.PairSampler(len(train), int(dpo.num_pairs_per_step), int(config.run.seed))
   held_out = HeldOut(data_lib.encode_pairs(tokenizer, val_pairs, max_len), int(dpo.num_pairs_per_step),
                      pad_id, cfg, reference) if val_pairs and dpo.val_period > 0 else None
+  num_steps, val_period, gen_period = int(dpo.num_steps), int(dpo.val_period), int(dpo.generate_period)
+  if gen_period <= 0:
+    generation = None
   ckpt_root = os.path.join(workdir, "checkpoints")
   latest = checkpoints.load_latest(ckpt_root) if config.checkpoint.enabled else None
   start = 0
@@ -112,26 +121,34 @@ def dpo_train(config, *, policy: Policy, reference: Policy | None, tokenizer,
   metrics: dict[str, float] = {}
 
   def validate(step: int) -> dict[str, float]:
-    t0 = time.perf_counter()
-    val = held_out(policy)
-    val["time/validate"] = time.perf_counter() - t0
-    val_history.append({"step": step, **val})
-    return val
+    out: dict[str, float] = {}
+    due = lambda period: period > 0 and (step % period == 0 or step == num_steps)
+    if held_out is not None and due(val_period):
+      t0 = time.perf_counter()
+      out.update(held_out(policy))
+      out["time/validate"] = time.perf_counter() - t0
+    if generation is not None and due(gen_period):
+      t0 = time.perf_counter()
+      out.update(generation())
+      out["time/generate"] = time.perf_counter() - t0
+    if out:
+      val_history.append({"step": step, **out})
+    return out
 
-  bar = console.bar(int(dpo.num_steps), f"{cfg.mode} ({config.policy.backend})", initial=start,
-                    enabled=progress)
+  bar = console.bar(num_steps, f"{cfg.mode} ({config.policy.backend})", initial=start, enabled=progress)
   try:
-    if held_out is not None and start == 0:
-      writer.write(0, validate(0))
-    for step in range(start + 1, int(dpo.num_steps) + 1):
+    if start == 0:
+      first = validate(0)
+      if first:
+        writer.write(0, first)
+    for step in range(start + 1, num_steps + 1):
       t_step, times = time.perf_counter(), {}
       batch = train_batch([train[i] for i in sampler.indices(step)], pad_id, cfg, reference, times)
       t0 = time.perf_counter()
       metrics = {f"train/{k}": float(v) for k, v in policy.train_step(batch, loss_fn).items()}
       times["time/train"] = time.perf_counter() - t0
-      if held_out is not None and step % dpo.val_period == 0:
-        metrics.update(validate(step))
-      if config.checkpoint.enabled and (step % config.checkpoint.save_period == 0 or step == dpo.num_steps):
+      metrics.update(validate(step))
+      if config.checkpoint.enabled and (step % config.checkpoint.save_period == 0 or step == num_steps):
         t0 = time.perf_counter()
         checkpoints.save_latest(ckpt_root, policy.save, {"step": step})
         times["time/checkpoint"] = time.perf_counter() - t0
@@ -146,7 +163,7 @@ def dpo_train(config, *, policy: Policy, reference: Policy | None, tokenizer,
       bar.close()
     writer.close()
   plot_run(config, workdir)
-  return DpoResult(steps=max(start, int(dpo.num_steps)), last_metrics=metrics, val_history=val_history,
+  return DpoResult(steps=max(start, num_steps), last_metrics=metrics, val_history=val_history,
                    resumed_from=start if latest is not None else None)
 
 
@@ -155,12 +172,13 @@ def _live_line(m) -> str:
     v = m.get(key)
     return "-" if v is None or math.isnan(v) else f"{v:.3f}"
   return (f"loss {f('train/loss')} acc {f('train/reward_accuracy')} margin {f('train/reward_margin')}"
-          f" val acc {f('val/reward_accuracy')}")
+          f" val acc {f('val/reward_accuracy')} pass@1 {f('val/pass@1')}")
 
 
 CURVES = (workdir_lib.Panel("train/preference_loss", smooth=5, also=("val/preference_loss",)),
           workdir_lib.Panel("train/reward_accuracy", smooth=5, also=("val/reward_accuracy",)),
           workdir_lib.Panel("val/chosen_preferred"),
+          workdir_lib.Panel("val/pass@1", band=True),
           workdir_lib.Panel("train/reward_margin", smooth=5, also=("val/reward_margin",)),
           workdir_lib.Panel("train/sft_nll", smooth=5))
 

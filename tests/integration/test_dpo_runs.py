@@ -43,7 +43,10 @@ def test_tiny_dpo_learns_on_held_out_pairs(tmp_path):
   assert os.path.exists(os.path.join(workdir, "checkpoints", "latest", "loop_state.json"))
 
 
-def test_torch_backend_on_a_jsonl_of_pairs(tmp_path):
+def test_torch_backend_on_a_jsonl_of_pairs_with_the_generation_metric(tmp_path):
+  """The torch trainer on a user's TRL-schema JSONL, with `dpo.generate_period`: an in-process CPU
+  vLLM engine fed the policy's weights (the refit canary checks them) samples greedy pass@1 on
+  env.math's held-out tasks at steps 0 and 2, and at the end of the resumed run (step 3)."""
   pairs = [{"prompt": f"What is {a} + {b}?", "chosen": str(a + b), "rejected": str(a + b + 1)}
            for a in range(4) for b in range(4)]
   for name, part in (("train", pairs[:12]), ("val", pairs[12:])):
@@ -52,8 +55,11 @@ def test_torch_backend_on_a_jsonl_of_pairs(tmp_path):
   args = ["--config=configs/dpo.py:torch", f"--config.data.train={tmp_path}/train.jsonl",
           f"--config.data.validation={tmp_path}/val.jsonl", "--config.dpo.val_period=2",
           "--config.dpo.num_pairs_per_step=4", "--config.optim.micro_batch_size=4",
-          "--config.logging.png_curve=False"]
+          "--config.dpo.generate_period=2", "--config.logging.png_curve=False"]
   _, rows = launch(workdir, *args, "--config.dpo.num_steps=2")
+  gen = [r for r in rows if "val/pass@1" in r]
+  assert [r["step"] for r in gen] == [0, 2]
+  assert all(0.0 <= r["val/pass@1"] <= 1.0 and r["refit/canary/max_abs_logprob_delta"] <= 1e-3 for r in gen)
   train = [r for r in rows if "train/loss" in r]
   val = [r for r in rows if "val/loss" in r]
   assert [r["step"] for r in train] == [1, 2] and [r["step"] for r in val] == [0, 2]
@@ -63,7 +69,8 @@ def test_torch_backend_on_a_jsonl_of_pairs(tmp_path):
   # Again into the same workdir with one more step: it resumes from checkpoints/latest (step 2).
   _, rows = launch(workdir, *args, "--config.dpo.num_steps=3")
   assert [r["step"] for r in rows if "train/loss" in r] == [1, 2, 3]
-  assert [r["step"] for r in rows if "val/loss" in r] == [0, 2]
+  assert [r["step"] for r in rows if "val/loss" in r] == [0, 2, 3]   # the end validates
+  assert [r["step"] for r in rows if "val/pass@1" in r] == [0, 2, 3]
 
 
 def test_online_dpo_runs_through_the_launcher(tmp_path):
