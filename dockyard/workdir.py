@@ -1,5 +1,6 @@
 """The run's workdir: `config.json`, `metrics.jsonl`, `run.log`, `tensorboard/`, `checkpoints/`.
 
+`prepare` writes config.json and `read_config` reads it back (`dockyard.export` does).
 `MetricWriter` writes every step's scalars to JSONL and TensorBoard; `plot_curves` turns
 `metrics.jsonl` into a PNG of `Panel`s. Re-running into the same workdir resumes from `checkpoints/`.
 """
@@ -28,6 +29,24 @@ def prepare(workdir: str, config: ml_collections.ConfigDict) -> dict[str, str]:
   with open(paths["config"], "w") as f:
     f.write(config.to_json_best_effort(indent=2, sort_keys=True))
   return paths
+
+
+def read_config(workdir: str) -> ml_collections.ConfigDict:
+  """The run's config as `prepare` wrote it to `<workdir>/config.json`. JSON has no tuples: its
+  lists come back as the tuples the configs write (configs/ has no list values)."""
+  path = os.path.join(workdir, "config.json")
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{workdir}: no config.json (is it a run's workdir?)")
+  with open(path) as f:
+    return ml_collections.ConfigDict(_tuples(json.load(f)))
+
+
+def _tuples(x):
+  if isinstance(x, dict):
+    return {k: _tuples(v) for k, v in x.items()}
+  if isinstance(x, list):
+    return tuple(_tuples(v) for v in x)
+  return x
 
 
 class MetricWriter:
