@@ -1,6 +1,7 @@
 r"""Several runs of one recipe (seeds): the validation metric at start, end and best as mean ± sd,
 per-run rows, and one PNG with every run's validation curve (with its 95% interval when the metric
-has one, e.g. `val/pass@1`) and its smoothed training reward.
+has one, e.g. `val/pass@1`) and its smoothed training reward (the train loss for runs without one:
+SFT, DPO).
 
   python -m dockyard.seeds --metric=val/pass@1 --png=docs/img/smollm_seeds.png \
       workdirs/smollm_s0 workdirs/smollm_s1 workdirs/smollm_s2
@@ -71,8 +72,13 @@ def plot(workdirs: Sequence[str], metric: str, png: str, smooth: int = 10) -> st
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
-  for w in workdirs:
-    rows = list(workdir_lib.by_step(workdir_lib.read_metrics(os.path.join(w, "metrics.jsonl"))).values())
+  runs = {w: list(workdir_lib.by_step(workdir_lib.read_metrics(os.path.join(w, "metrics.jsonl"))).values())
+          for w in workdirs}
+  # The bottom panel: the training reward (GRPO and its objectives), else the train loss (SFT, DPO).
+  train_key, train_name = "reward/raw_mean", "train reward"
+  if not any(r.get(train_key) is not None for rows in runs.values() for r in rows):
+    train_key, train_name = "train/loss", "train loss"
+  for w, rows in runs.items():
     label = os.path.basename(os.path.normpath(w))
     v = [r for r in rows if r.get(metric) is not None]
     line, = top.plot([r["step"] for r in v], [r[metric] for r in v], marker="o", ms=3, label=label)
@@ -80,12 +86,12 @@ def plot(workdirs: Sequence[str], metric: str, png: str, smooth: int = 10) -> st
     if all(r.get(lo) is not None and r.get(hi) is not None for r in v):
       top.fill_between([r["step"] for r in v], [r[lo] for r in v], [r[hi] for r in v],
                        color=line.get_color(), alpha=0.12)
-    t = [r for r in rows if r.get("reward/raw_mean") is not None]
+    t = [r for r in rows if r.get(train_key) is not None]
     if t:
-      bottom.plot([r["step"] for r in t], workdir_lib.trailing_mean([r["reward/raw_mean"] for r in t], smooth),
+      bottom.plot([r["step"] for r in t], workdir_lib.trailing_mean([r[train_key] for r in t], smooth),
                   color=line.get_color(), label=label)
   top.set_ylabel(f"{metric} (held out)")
-  bottom.set_ylabel(f"train reward (mean of the last {smooth} steps)")
+  bottom.set_ylabel(f"{train_name} (mean of the last {smooth} steps)")
   bottom.set_xlabel("step")
   for ax in (top, bottom):
     ax.grid(alpha=0.3)
