@@ -36,11 +36,16 @@ from absl import app, flags, logging
 from dockyard import workdir as workdir_lib
 from dockyard.grpo import checkpoints
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "The run's workdir (config.json, checkpoints/latest).")
-_OUT = flags.DEFINE_string("out", "", "Where to write the HF directory (default: <workdir>/hf).")
-_STEP_DIR = flags.DEFINE_string("step_dir", "", "A checkpoint directory to export instead of "
-                                "<workdir>/checkpoints/latest, e.g. <workdir>/checkpoints/best/step_000040.")
-_OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace `out` when it exists and is not empty.")
+
+def _define_flags() -> None:
+  """The command's flags, defined when it runs as `python -m dockyard.export` only: importing the
+  module (`export()` from code or a test) must not claim `--workdir` in absl's global registry,
+  which dockyard.launch and launch.sweep define too."""
+  flags.DEFINE_string("workdir", None, "The run's workdir (config.json, checkpoints/latest).")
+  flags.DEFINE_string("out", "", "Where to write the HF directory (default: <workdir>/hf).")
+  flags.DEFINE_string("step_dir", "", "A checkpoint directory to export instead of "
+                      "<workdir>/checkpoints/latest, e.g. <workdir>/checkpoints/best/step_000040.")
+  flags.DEFINE_bool("overwrite", False, "Replace `out` when it exists and is not empty.")
 
 # A tokenizer's files: those the base model has and `save_hf` did not copy (the JAX one copies a
 # fast tokenizer's alone) are copied by `_complete`.
@@ -135,13 +140,15 @@ def main(argv):
     sys.exit(f"error: unexpected arguments {argv[1:]}")
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)   # orbax INFO lines otherwise
-  if not _WORKDIR.value:
+  f = flags.FLAGS
+  if not f.workdir:
     sys.exit("error: --workdir=<a run's workdir> is required")
   try:
-    export(_WORKDIR.value, _OUT.value or None, _STEP_DIR.value or None, overwrite=_OVERWRITE.value)
+    export(f.workdir, f.out or None, f.step_dir or None, overwrite=f.overwrite)
   except (ExportError, FileNotFoundError) as e:
     sys.exit(f"error: {e}")
 
 
 if __name__ == "__main__":
+  _define_flags()
   app.run(main)
