@@ -31,6 +31,7 @@ Sweep (mode x beta x lr): `python -m launch.sweep --config=configs/dpo.py --dry_
 import ml_collections
 
 from configs import math as math_config
+from configs import sft as sft_config
 from configs import swe
 from dockyard import config_lib
 
@@ -110,27 +111,11 @@ def get_config(arg=None):
       validation="",           # '' with a train file: no validation
   )
 
-  # rollout: the vLLM engine in this process, when there is one (dpo.generate_period > 0, or pairs
-  # the model makes itself): greedy, short answers.
-  config.rollout = dict(
-      max_model_len=128,
-      dtype="float32",
-      gpu_memory_utilization=0.3,   # on a GPU: the trainer shares it (ignored on CPU)
-      cpu_kvcache_space_gib=1,
-      enforce_eager=True,
-      tensor_parallel_size=1,
-      max_new_tokens=math_config.get_config("tiny").rollout.max_new_tokens,
-      val_temperature=0.0,
-  )
-
-  # refit: the canary that checks the engine got the trained weights before each generation metric.
-  config.refit = dict(
-      canary=dict(
-          enabled=True,
-          max_abs_logprob_delta=1e-3,
-          max_mean_abs_logprob_delta=0.0,   # > 0: also bound the mean |delta|
-      ),
-  )
+  # rollout, refit: configs/sft.py's in-process vLLM engine (greedy, short answers) and its canary,
+  # used when there is an engine (dpo.generate_period > 0, or pairs the model makes itself).
+  sft = sft_config.get_config()
+  config.rollout = sft.rollout
+  config.refit = sft.refit
 
   # checkpoint: checkpoints/latest every save_period steps and at the end; re-running resumes.
   config.checkpoint = dict(

@@ -674,17 +674,24 @@ def _validate_preference(config) -> None:
     raise ConfigError("checkpoint.save_period", f"must be >= 1, got {config.checkpoint.save_period}")
 
 
+def _model_made_pairs_section(config, section: str, cls, makes: str):
+  """`cls.from_config(config[section])` (its own checks: an error "<section>.<key> ..." names that
+  key), and no pair files: the model makes the pairs (`makes` says how)."""
+  try:
+    cfg = cls.from_config(config[section])
+  except ValueError as err:
+    key = str(err).split(" ", 1)[0]
+    raise ConfigError(key if key.startswith(f"{section}.") else section, str(err)) from None
+  if config.data.train or config.data.validation:
+    raise ConfigError("data.train", f"{makes}: leave data.train and data.validation ''")
+  return cfg
+
+
 def _validate_sampled_pairs(config) -> None:
   """configs/dpo.py:smollm: SampledPairsConfig's own checks, pairs only from the model."""
   from dockyard.dpo.sampled import SampledPairsConfig   # no model, no engine at import
-  try:
-    SampledPairsConfig.from_config(config.sampled_pairs)
-  except ValueError as err:   # "sampled_pairs.<key> ..." -> that key
-    key = str(err).split(" ", 1)[0]
-    raise ConfigError(key if key.startswith("sampled_pairs.") else "sampled_pairs", str(err)) from None
-  if config.data.train or config.data.validation:
-    raise ConfigError("data.train", "sampled_pairs makes the pairs from the model's own samples: leave "
-                      "data.train and data.validation ''")
+  _model_made_pairs_section(config, "sampled_pairs", SampledPairsConfig,
+                            "sampled_pairs makes the pairs from the model's own samples")
   if int(config.policy.max_seq_len) < int(config.rollout.max_new_tokens) + 64:
     raise ConfigError("policy.max_seq_len", f"a pair is the prompt + a sample of up to rollout.max_new_tokens="
                       f"{config.rollout.max_new_tokens} tokens: needs >= {int(config.rollout.max_new_tokens) + 64}")
@@ -712,14 +719,7 @@ def _validate_rlaif(config) -> None:
   """configs/rlaif.py: RlaifConfig's own checks, pairs only from the model, and an engine context
   that holds the revise turn (the prompt, the answer, the critique request and the critique)."""
   from dockyard.rlaif import RlaifConfig   # no model, no engine at import
-  try:
-    cfg = RlaifConfig.from_config(config.rlaif)
-  except ValueError as err:   # "rlaif.<key> ..." -> that key
-    key = str(err).split(" ", 1)[0]
-    raise ConfigError(key if key.startswith("rlaif.") else "rlaif", str(err)) from None
-  if config.data.train or config.data.validation:
-    raise ConfigError("data.train", "configs/rlaif.py makes its pairs with the model: leave data.train "
-                      "and data.validation ''")
+  cfg = _model_made_pairs_section(config, "rlaif", RlaifConfig, "configs/rlaif.py makes its pairs with the model")
   need = 3 * cfg.max_new_tokens + 256
   if int(config.rollout.max_model_len) < need:
     raise ConfigError("rollout.max_model_len", f"the revise turn holds the prompt and three replies of up "

@@ -77,6 +77,31 @@ class HeldOut:
     return out
 
 
+class Validation:
+  """What SFT's and DPO's loops measure at a step: `held_out()` every `val_period` steps (timed as
+  time/validate) and `generation()` every `gen_period` steps (time/generate), each also at
+  `num_steps` (a period of 0 or a None callable: never); `history` keeps every non-empty result."""
+
+  def __init__(self, num_steps: int, held_out: Callable[[], dict[str, float]] | None, val_period: int,
+               generation: Callable[[], dict[str, float]] | None, gen_period: int):
+    self.num_steps = num_steps
+    self.parts = [(fn, period, name) for fn, period, name in ((held_out, val_period, "validate"),
+                                                              (generation, gen_period, "generate"))
+                  if fn is not None and period > 0]
+    self.history: list[dict[str, float]] = []
+
+  def __call__(self, step: int) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for fn, period, name in self.parts:
+      if step % period == 0 or step == self.num_steps:
+        t0 = time.perf_counter()
+        out.update(fn())
+        out[f"time/{name}"] = time.perf_counter() - t0
+    if out:
+      self.history.append({"step": step, **out})
+    return out
+
+
 def train_batch(pairs: Sequence[data_lib.EncodedPair], pad_id: int, cfg: PreferenceConfig,
                 reference: Policy | None, times: dict) -> TrainBatch:
   """The step's interleaved batch, with the reference's per-token logprobs when the mode reads them."""
@@ -108,8 +133,6 @@ def dpo_train(config, *, policy: Policy, reference: Policy | None, tokenizer,
   held_out = HeldOut(data_lib.encode_pairs(tokenizer, val_pairs, max_len), int(dpo.num_pairs_per_step),
                      pad_id, cfg, reference) if val_pairs and dpo.val_period > 0 else None
   num_steps, val_period, gen_period = int(dpo.num_steps), int(dpo.val_period), int(dpo.generate_period)
-  if gen_period <= 0:
-    generation = None
   ckpt_root = os.path.join(workdir, "checkpoints")
   latest = checkpoints.load_latest(ckpt_root) if config.checkpoint.enabled else None
   start = 0
@@ -117,23 +140,9 @@ def dpo_train(config, *, policy: Policy, reference: Policy | None, tokenizer,
     policy.restore(latest[0])
     start = int(latest[1]["step"])
   writer = workdir_lib.MetricWriter(workdir, tensorboard=config.logging.tensorboard)
-  val_history: list[dict[str, float]] = []
   metrics: dict[str, float] = {}
-
-  def validate(step: int) -> dict[str, float]:
-    out: dict[str, float] = {}
-    due = lambda period: period > 0 and (step % period == 0 or step == num_steps)
-    if held_out is not None and due(val_period):
-      t0 = time.perf_counter()
-      out.update(held_out(policy))
-      out["time/validate"] = time.perf_counter() - t0
-    if generation is not None and due(gen_period):
-      t0 = time.perf_counter()
-      out.update(generation())
-      out["time/generate"] = time.perf_counter() - t0
-    if out:
-      val_history.append({"step": step, **out})
-    return out
+  validate = Validation(num_steps, (lambda: held_out(policy)) if held_out is not None else None, val_period,
+                        generation, gen_period)
 
   bar = console.bar(num_steps, f"{cfg.mode} ({config.policy.backend})", initial=start, enabled=progress)
   try:
@@ -163,7 +172,7 @@ def dpo_train(config, *, policy: Policy, reference: Policy | None, tokenizer,
       bar.close()
     writer.close()
   plot_run(config, workdir)
-  return DpoResult(steps=max(start, num_steps), last_metrics=metrics, val_history=val_history,
+  return DpoResult(steps=max(start, num_steps), last_metrics=metrics, val_history=validate.history,
                    resumed_from=start if latest is not None else None)
 
 

@@ -29,6 +29,7 @@ from dockyard import console
 from dockyard import workdir as workdir_lib
 from dockyard.conversation import EncodedConversation
 from dockyard.dpo.data import PairSampler
+from dockyard.dpo.loop import Validation
 from dockyard.grpo import checkpoints
 from dockyard.grpo.harness import run_validation
 from dockyard.grpo.loss_spec import nll_loss
@@ -102,8 +103,6 @@ def sft_train(config, *, policy: Policy, tokenizer, train: Sequence[data_lib.Con
   sampler = PairSampler(len(encoded), int(sft.batch_size), int(config.run.seed))
   held_out = (HeldOutLoss(data_lib.encode_conversations(tokenizer, validation, max_len), int(sft.batch_size),
                           pad_id) if validation and val_period > 0 else None)
-  if generation is not None and gen_period <= 0:
-    generation = None
   ckpt_root = os.path.join(workdir, "checkpoints")
   latest = checkpoints.load_latest(ckpt_root) if config.checkpoint.enabled else None
   start = 0
@@ -111,23 +110,9 @@ def sft_train(config, *, policy: Policy, tokenizer, train: Sequence[data_lib.Con
     policy.restore(latest[0])
     start = int(latest[1]["step"])
   writer = workdir_lib.MetricWriter(workdir, tensorboard=config.logging.tensorboard)
-  val_history: list[dict[str, float]] = []
   last: dict[str, float] = {}
-
-  def validate(step: int) -> dict[str, float]:
-    out: dict[str, float] = {}
-    due = lambda period: period > 0 and (step % period == 0 or step == num_steps)
-    if held_out is not None and due(val_period):
-      t0 = time.perf_counter()
-      out.update(held_out(policy))
-      out["time/validate"] = time.perf_counter() - t0
-    if generation is not None and due(gen_period):
-      t0 = time.perf_counter()
-      out.update(generation())
-      out["time/generate"] = time.perf_counter() - t0
-    if out:
-      val_history.append({"step": step, **out})
-    return out
+  validate = Validation(num_steps, (lambda: held_out(policy)) if held_out is not None else None, val_period,
+                        generation, gen_period)
 
   def batch(step: int):
     return data_lib.make_batch([encoded[i] for i in sampler.indices(step)], pad_id, PAD_MULTIPLE)
@@ -161,7 +146,7 @@ def sft_train(config, *, policy: Policy, tokenizer, train: Sequence[data_lib.Con
       bar.close()
     writer.close()
   plot_run(config, workdir)
-  return SftResult(steps=max(start, num_steps), last_metrics=dict(last), val_history=val_history,
+  return SftResult(steps=max(start, num_steps), last_metrics=dict(last), val_history=validate.history,
                    resumed_from=start if latest is not None else None)
 
 
