@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -205,6 +206,9 @@ class VLLMEngine(BatchedAgenerate, Generator):
     self._version = int(version)
     self._lock = threading.Lock()
     self.vocab_size = int(self.llm.llm_engine.model_config.get_vocab_size())
+    # Seconds per part of the last weight load (`_load`): engine side ('pack', 'rpc',
+    # 'prefix_cache_reset') and worker side ('worker/...', `WorkerExtension.dockyard_last_load_timings`).
+    self.last_load_timings: dict[str, float] = {}
 
   @property
   def weight_version(self) -> int:
@@ -255,7 +259,11 @@ class VLLMEngine(BatchedAgenerate, Generator):
     return result
 
   def update_weights(self, named_tensors: Iterable[tuple[str, np.ndarray]], version: int) -> None:
-    self.load_packed(wire.pack_weights(named_tensors), version)
+    start = time.perf_counter()
+    packed = wire.pack_weights(named_tensors)
+    pack = time.perf_counter() - start
+    self.load_packed(packed, version)
+    self.last_load_timings["pack"] = pack
 
   def load_packed(self, packed, version: int) -> None:
     """Loads weights already packed by `wire.pack_weights` (the object-store path)."""
@@ -274,12 +282,19 @@ class VLLMEngine(BatchedAgenerate, Generator):
     with self._lock:
       if version <= self._version:
         raise ValueError(f"weight version must increase: engine has {self._version}, got {version}")
+      start = time.perf_counter()
       counts = self.llm.collective_rpc(method, args=args)
+      rpc = time.perf_counter() - start
       if not counts or min(counts) == 0:
         raise ValueError(f"no weights arrived at the vLLM workers (loaded per worker: {counts})")
       self._version = version
       # Cached prefixes hold keys/values computed with the old weights.
+      start = time.perf_counter()
       self.llm.reset_prefix_cache()
+      timings = {"rpc": rpc, "prefix_cache_reset": time.perf_counter() - start}
+      worker = self.llm.collective_rpc("dockyard_last_load_timings")[0]   # the first worker's
+      timings.update({f"worker/{k}": v for k, v in worker.items()})
+      self.last_load_timings = timings
 
   def load_lora_adapter(self, path: str, version: int) -> None:
     """Serves the PEFT adapter directory `path` (on this host) on top of the base weights from

@@ -7,6 +7,7 @@ repacked its linear weights for oneDNN after start-up and a plain `model.load_we
 """
 from __future__ import annotations
 
+import time
 from typing import Iterable
 
 import numpy as np
@@ -28,6 +29,12 @@ def _return_freed_heap() -> None:
     ctypes.CDLL("libc.so.6").malloc_trim(0)
   except (OSError, AttributeError):
     pass
+
+
+def _lap(start: float) -> tuple[float, float]:
+  """(seconds since `start`, now)."""
+  now = time.perf_counter()
+  return now - start, now
 
 
 class WorkerExtension:
@@ -63,6 +70,13 @@ class WorkerExtension:
         yield name, t
     return self._dockyard_reload_tensors(received())
 
+  def dockyard_last_load_timings(self) -> dict[str, float]:
+    """Seconds each part of this worker's last weight load took (`_dockyard_reload_tensors`):
+    'reload_weights' (vLLM's reload: copies into freshly materialized layers and, interleaved
+    with them, each layer's post-load processing, i.e. the oneDNN repack on CPU), 'tied_head',
+    'experts' (the CPU repacks after it), 'heap_trim'; empty before the first load."""
+    return dict(getattr(self, "_dockyard_timings", {}))
+
   def dockyard_param_names(self) -> list[str]:
     return [name for name, _ in self.model_runner.get_model().named_parameters()]
 
@@ -87,15 +101,22 @@ class WorkerExtension:
       for item in named:
         count += 1
         yield item
+    timings = {}
+    start = time.perf_counter()
     self.reload_weights(weights_iterator=counted())
     # reload_weights may stop early on an unknown name; an unconsumed broadcast would hang the
     # sender, and a partial load must not pass as a sync.
     for _ in counted():
       pass
+    timings["reload_weights"], start = _lap(start)
     if refresh_tied_head:
       self._dockyard_refresh_tied_head()
+    timings["tied_head"], start = _lap(start)
     self._dockyard_repack_experts()
+    timings["experts"], start = _lap(start)
     _return_freed_heap()
+    timings["heap_trim"], _ = _lap(start)
+    self._dockyard_timings = timings
     return count
 
   def _dockyard_repack_experts(self) -> None:
