@@ -206,6 +206,11 @@ class VLLMEngine(BatchedAgenerate, Generator):
     self._version = int(version)
     self._lock = threading.Lock()
     self.vocab_size = int(self.llm.llm_engine.model_config.get_vocab_size())
+    # The engine core and its one worker run in this process (in-process core, 'uni' executor):
+    # rpc arguments reach the worker as the objects themselves, arrays included.
+    from vllm.v1.engine.core_client import InprocClient
+    self._worker_in_process = (isinstance(self.llm.llm_engine.engine_core, InprocClient)
+                               and kwargs["distributed_executor_backend"] == "uni")
     # Seconds per part of the last weight load (`_load`): engine side ('pack', 'rpc',
     # 'prefix_cache_reset') and worker side ('worker/...', `WorkerExtension.dockyard_last_load_timings`).
     self.last_load_timings: dict[str, float] = {}
@@ -259,6 +264,11 @@ class VLLMEngine(BatchedAgenerate, Generator):
     return result
 
   def update_weights(self, named_tensors: Iterable[tuple[str, np.ndarray]], version: int) -> None:
+    """Loads (HF name, array) pairs as weight version `version`. With the worker in this
+    process the arrays go to it as they are (no bytes copy); otherwise packed (`wire`)."""
+    if self._worker_in_process:
+      self._load("dockyard_load_arrays", (list(named_tensors),), version)
+      return
     start = time.perf_counter()
     packed = wire.pack_weights(named_tensors)
     pack = time.perf_counter() - start

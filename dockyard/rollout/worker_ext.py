@@ -2,8 +2,11 @@
 
 vLLM refuses to ship plain Python functions to its workers, and tensors passed as rpc arguments
 arrive as lists, so weights travel in `wire`'s format: raw bytes + dtype + shape, a shared-memory
-block name, or a broadcast. Loading goes through the worker's `reload_weights` because CPU vLLM has
-repacked its linear weights for oneDNN after start-up and a plain `model.load_weights` fails.
+block name, or a broadcast; an in-process engine's worker takes the trainer's arrays as they are
+(`dockyard_load_arrays`). CPU vLLM has packed its linear weights for oneDNN after start-up, so a
+plain `model.load_weights` fails: a plain dense model on CPU loads through `DirectLoader` (pooled
+staging weights, each layer repacked once complete; docs/refit_speed.md), everything else through
+the worker's `reload_weights`.
 """
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from typing import Iterable
 
 import numpy as np
 
-from dockyard.rollout.wire import GroupBroadcaster, read_shared_memory, unpack_weights
+from dockyard.rollout.wire import GroupBroadcaster, read_shared_memory, to_torch, unpack_weights
 
 
 def _return_freed_heap() -> None:
@@ -93,7 +96,22 @@ class WorkerExtension:
           yield name, torch.from_numpy(np.asarray(array))
     return self._dockyard_reload_tensors(tensors(), refresh_tied_head)
 
-  def _dockyard_reload_tensors(self, named, refresh_tied_head: bool = True) -> int:
+  def dockyard_load_arrays(self, named, refresh_tied_head: bool = True) -> int:
+    """Loads (name, array) pairs handed over in this process (`VLLMEngine.update_weights` with
+    the in-process core): no bytes copy on either side, and the heap is not trimmed (nothing
+    here allocated a copy of the model; trimming would only make the next load fault its
+    buffers in again)."""
+    import warnings
+
+    def tensors():
+      for name, array in named:
+        with warnings.catch_warnings():
+          # read-only host views of the trainer's arrays: loading copies them, never writes them
+          warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+          yield name, to_torch(array, "cpu")
+    return self._dockyard_reload_tensors(tensors(), refresh_tied_head, trim_heap=False)
+
+  def _dockyard_reload_tensors(self, named, refresh_tied_head: bool = True, trim_heap: bool = True) -> int:
     count = 0
 
     def counted():
@@ -103,21 +121,45 @@ class WorkerExtension:
         yield item
     timings = {}
     start = time.perf_counter()
-    self.reload_weights(weights_iterator=counted())
-    # reload_weights may stop early on an unknown name; an unconsumed broadcast would hang the
-    # sender, and a partial load must not pass as a sync.
+    direct = self._dockyard_direct_loader()
+    if direct is not None:
+      direct.load(counted(), refresh_tied_head, timings)
+    else:
+      self.reload_weights(weights_iterator=counted())
+    # a load may stop early on an unknown name; an unconsumed broadcast would hang the sender,
+    # and a partial load must not pass as a sync.
     for _ in counted():
       pass
-    timings["reload_weights"], start = _lap(start)
-    if refresh_tied_head:
-      self._dockyard_refresh_tied_head()
-    timings["tied_head"], start = _lap(start)
-    self._dockyard_repack_experts()
-    timings["experts"], start = _lap(start)
-    _return_freed_heap()
-    timings["heap_trim"], _ = _lap(start)
+    if direct is None:
+      timings["reload_weights"], start = _lap(start)
+      if refresh_tied_head:
+        self._dockyard_refresh_tied_head()
+      timings["tied_head"], start = _lap(start)
+      self._dockyard_repack_experts()
+      timings["experts"], start = _lap(start)
+    else:
+      start = time.perf_counter()
+    if trim_heap:
+      _return_freed_heap()
+      timings["heap_trim"], _ = _lap(start)
     self._dockyard_timings = timings
     return count
+
+  def dockyard_set_direct_load(self, enabled: bool) -> bool:
+    """Turns the `DirectLoader` off (every load through vLLM's `reload_weights`, as before it
+    existed: bench/refit.py times both side by side) or back on; returns whether loads now go
+    direct (False where it does not apply)."""
+    self._dockyard_direct_enabled = bool(enabled)
+    return self._dockyard_direct_loader() is not None
+
+  def _dockyard_direct_loader(self) -> "DirectLoader | None":
+    """The worker's `DirectLoader`, built on the first load; None where it does not apply or is
+    turned off (then vLLM's `reload_weights` loads)."""
+    if not getattr(self, "_dockyard_direct_enabled", True):
+      return None
+    if not hasattr(self, "_dockyard_direct"):
+      self._dockyard_direct = DirectLoader.build(self)
+    return self._dockyard_direct
 
   def _dockyard_repack_experts(self) -> None:
     """CPU vLLM prepacks MoE expert weights into its grouped-GEMM layout once, at start-up; on a
@@ -139,3 +181,189 @@ class WorkerExtension:
     method = getattr(head, "quant_method", None)
     if head is not None and method is not None and hasattr(method, "process_weights_after_loading"):
       method.process_weights_after_loading(head)
+
+
+class DirectLoader:
+  """CPU vLLM's weight load without `reload_weights`' detours, for plain dense models.
+
+  vLLM's reload (vllm/model_executor/model_loader/reload) puts every layer back on the meta
+  device, materializes fresh full-size tensors for it, loads into those, runs the layer's
+  post-load processing (on CPU: `dispatch_cpu_unquantized_gemm`, which packs the linear weight
+  into a new oneDNN handle and drops the plain weight) and copies every processed tensor back
+  into the old storage. On this machine that was ~78% of a SmolLM2-135M sync (docs/refit_speed.md):
+  the fresh tensors page-fault in on every sync and each tensor is copied two or three times.
+
+  Here the model's own `load_weights` (its name mapping and q/k/v, gate/up stacking) loads
+  straight into:
+  - for a linear layer whose weight CPU vLLM packed away: a staging weight from a pool of
+    pre-faulted buffers, one per shape, reused across layers and syncs. When the layer's last
+    shard arrives (a count of the elements loaded against its size; tensor parallel size 1),
+    vLLM's own `process_weights_after_loading` packs it into a new oneDNN handle (the old
+    handle is freed first, so the allocator can hand its memory to the new one) and the buffer
+    goes back to the pool. Weights arrive layer by layer, so the pool holds a few buffers (one
+    per linear shape), not a copy of the model.
+  - for every other parameter (norms, the embedding, biases): its existing storage, in place.
+  After the load, an lm_head whose weight was loaded (or that is tied to a loaded embedding) is
+  repacked. The input embedding's own oneDNN handle is not: only a head's handle computes
+  anything (`UnquantizedEmbeddingMethod.apply`); embedding lookups read the weight itself.
+  Layers that receive nothing keep their packed weights (a LoRA merge sync sends a subset).
+
+  `build` returns None, and the worker falls back to `reload_weights`, unless the device is the
+  CPU, tensor and pipeline parallel sizes are 1, there is no quantization and no LoRA, and every
+  module holding parameters is a packed unquantized linear, an unquantized embedding or head,
+  or a module with plain parameters and no post-load processing (MoE experts, Mamba / DeltaNet
+  layers and the like fall back). Correctness is checked where it always is: the refit canary.
+  """
+
+  def __init__(self, model, linears: dict, heads: list, vllm_config):
+    self.model = model
+    self.linears = linears          # layer -> _Staged
+    self.heads = heads              # [(head module, tied: bool)]
+    self.vllm_config = vllm_config
+    self.pool: dict[tuple, list] = {}   # (shape, dtype) -> free staging buffers
+    self.loaded_embeddings: set[int] = set()   # id(weight) of embedding weights loaded this sync
+    self._timings: dict[str, float] = {}
+    for module in model.modules():
+      if _is_embedding(module):
+        self._watch_embedding(module.weight)
+
+  @classmethod
+  def build(cls, worker) -> "DirectLoader | None":
+    import torch
+    from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
+    config = worker.vllm_config
+    parallel = config.parallel_config
+    if (str(getattr(worker, "device", "cpu")) != "cpu" or config.lora_config is not None
+        or config.model_config.quantization is not None
+        or parallel.tensor_parallel_size != 1 or parallel.pipeline_parallel_size != 1):
+      return None
+    from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info
+    from vllm.model_executor.model_loader.reload.sanitize import restore_layer_refs
+    model = worker.model_runner.get_model()
+    linears, heads = {}, []
+    head = getattr(model, "lm_head", None)
+    embedding_weights = {id(m.weight) for m in model.modules() if _is_embedding(m) and m is not head}
+    for module in model.modules():
+      own = dict(module.named_parameters(recurse=False))
+      if not own:
+        continue
+      if any(p.is_meta or p.device.type != "cpu" for n, p in own.items() if n != "weight" or
+             not isinstance(module, LinearBase)):
+        return None
+      if isinstance(module, LinearBase):
+        meta = get_layerwise_info(module).restore_metadata[0].get("weight")
+        if (type(module.quant_method) is not UnquantizedLinearMethod or not hasattr(module, "cpu_linear")
+            or own["weight"].numel() != 0 or meta is None or meta.ndim != 2 or not meta.is_contiguous()):
+          return None
+        staged = torch.empty(0, dtype=meta.dtype)
+        staged.__class__ = meta.__class__
+        staged.__dict__ = meta.__dict__.copy()
+        restore_layer_refs(staged, module)
+        linears[module] = _Staged(module, staged, tuple(meta.shape), meta.dtype)
+      elif _is_embedding(module):
+        if type(module.quant_method).__name__ != "UnquantizedEmbeddingMethod":
+          return None
+        if module is head or type(module).__name__ == "ParallelLMHead":
+          heads.append((module, id(module.weight) in embedding_weights))
+      elif hasattr(module, "quant_method") or hasattr(module, "process_weights_after_loading"):
+        return None   # a module with its own post-load processing: vLLM's reload knows it
+    if not linears:
+      return None
+    loader = cls(model, linears, heads, config)
+    for staged in linears.values():
+      staged.staged.weight_loader = loader._staging_loader(staged, staged.staged.weight_loader)
+    return loader
+
+  def load(self, named, refresh_tied_head: bool, timings: dict[str, float]) -> None:
+    """Loads (name, tensor) pairs through the model's `load_weights`; fills `timings` with
+    'load' (copies into staging buffers and parameters), 'repack' (oneDNN packing of the linear
+    layers), 'heads' (the lm_head repack) in seconds."""
+    from vllm.config import set_current_vllm_config
+    self._timings = {"repack": 0.0}
+    self.loaded_embeddings.clear()
+    packed_params = {}
+    for layer, staged in self.linears.items():
+      packed_params[layer] = layer.weight
+      staged.loaded, staged.buffer = 0, None
+      layer.register_parameter("weight", staged.staged)
+    start = time.perf_counter()
+    try:
+      with set_current_vllm_config(self.vllm_config):
+        self.model.load_weights(named)
+    finally:
+      partial = []
+      for layer, staged in self.linears.items():
+        if layer.weight is staged.staged:   # never finished: its packed weight stays
+          layer.register_parameter("weight", packed_params[layer])
+          if staged.loaded:
+            partial.append(staged)
+            self._release(staged)
+    if partial:
+      raise ValueError(f"a partial weight load: {len(partial)} linear layers got only part of their "
+                       f"weights (e.g. {partial[0].loaded} of {partial[0].numel} elements)")
+    timings["load"] = time.perf_counter() - start - self._timings["repack"]
+    timings["repack"] = self._timings["repack"]
+    start = time.perf_counter()
+    for head, tied in self.heads:
+      if id(head.weight) in self.loaded_embeddings and (refresh_tied_head or not tied):
+        head.quant_method.process_weights_after_loading(head)
+    timings["heads"] = time.perf_counter() - start
+
+  def _watch_embedding(self, weight) -> None:
+    """Wraps an embedding weight's loader so that a load is noticed (its head then repacks)."""
+    from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+    original = getattr(weight, "weight_loader", default_weight_loader)
+    loaded = self.loaded_embeddings
+
+    def loader(param, loaded_weight, *args, **kwargs):
+      loaded.add(id(param))
+      return original(param, loaded_weight, *args, **kwargs)
+    weight.weight_loader = loader
+
+  def _staging_loader(self, staged: "_Staged", original):
+    def loader(param, loaded_weight, *args, **kwargs):
+      if staged.layer.weight is not staged.staged:
+        raise ValueError(f"{type(staged.layer).__name__}: its weights arrived twice in one load")
+      if staged.buffer is None:
+        staged.buffer = self._acquire(staged.shape, staged.dtype)
+        param.data = staged.buffer
+      result = original(param, loaded_weight, *args, **kwargs)
+      staged.loaded += loaded_weight.numel()
+      if staged.loaded >= staged.numel:
+        self._pack(staged)
+      return result
+    return loader
+
+  def _pack(self, staged: "_Staged") -> None:
+    start = time.perf_counter()
+    layer = staged.layer
+    layer.cpu_linear = None   # frees the old oneDNN handle before the new one is allocated
+    layer.quant_method.process_weights_after_loading(layer)   # packs; drops layer.weight
+    self._release(staged)
+    self._timings["repack"] += time.perf_counter() - start
+
+  def _acquire(self, shape, dtype):
+    import torch
+    free = self.pool.setdefault((shape, dtype), [])
+    return free.pop() if free else torch.empty(shape, dtype=dtype)
+
+  def _release(self, staged: "_Staged") -> None:
+    import torch
+    self.pool[(staged.shape, staged.dtype)].append(staged.buffer)
+    staged.buffer = None
+    staged.staged.data = torch.empty(0, dtype=staged.dtype)
+
+
+class _Staged:
+  """A packed linear layer's staging weight (vLLM's parameter class and loader, pooled storage)."""
+
+  def __init__(self, layer, staged, shape, dtype):
+    self.layer, self.staged, self.shape, self.dtype = layer, staged, shape, dtype
+    self.numel = int(np.prod(shape))
+    self.loaded = 0
+    self.buffer = None
+
+
+def _is_embedding(module) -> bool:
+  from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+  return isinstance(module, VocabParallelEmbedding)

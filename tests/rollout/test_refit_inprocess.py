@@ -120,3 +120,34 @@ def test_canary_catches_a_stale_tied_lm_head(engine, policy, config):
     canary.check(policy, engine)
   sync = WeightSynchronizer(policy, engine, InProcessTransport(engine), canary)
   assert sync.sync_weights()["refit/canary/max_abs_logprob_delta"] <= canary.max_abs_logprob_delta
+
+
+def test_direct_load_takes_the_plain_model_and_refuses_a_partial_layer(engine, policy, config):
+  """The tiny dense model loads through the worker's `DirectLoader` (no vLLM `reload_weights`),
+  and a sync that sends only part of a stacked layer (q_proj without its k_proj / v_proj) fails
+  instead of packing a half-loaded q/k/v into the engine."""
+  sync = create_weight_synchronizer(config, policy, engine)
+  policy.perturb(0.5, seed=11)
+  sync.refit()
+  assert {"worker/load", "worker/repack", "worker/heads"} <= set(engine.last_load_timings)
+  assert "worker/reload_weights" not in engine.last_load_timings
+  engine_matches(engine, policy)
+  version = engine.weight_version
+  q = [(n, a) for n, a in policy.named_weights() if n == "model.layers.0.self_attn.q_proj.weight"]
+  with pytest.raises(ValueError, match="partial weight load"):
+    engine.update_weights(q, version + 1)
+  assert engine.weight_version == version
+  engine_matches(engine, policy)   # the layer kept its packed weights
+  # vLLM's reload path, turned back on for one sync, still loads the same weights
+  assert engine.collective_rpc("dockyard_set_direct_load", (False,)) == [False]
+  try:
+    policy.perturb(0.5, seed=12)
+    sync.refit()
+    assert "worker/reload_weights" in engine.last_load_timings
+    engine_matches(engine, policy)
+  finally:
+    assert engine.collective_rpc("dockyard_set_direct_load", (True,)) == [True]
+  policy.perturb(0.5, seed=13)
+  sync.refit()
+  assert "worker/repack" in engine.last_load_timings
+  engine_matches(engine, policy)
