@@ -29,7 +29,8 @@ HF directory made by `python -m dockyard.export`; its default path is what these
   python -m dockyard.export --workdir=workdirs/sft_smollm       # -> workdirs/sft_smollm/hf
   python -m dockyard.launch --config=configs/distill.py:smollm --workdir=workdirs/distill_smollm
 
-`torch` and `sync` as in configs/math.py. Measured: docs/distill.md.
+`torch` and `sync` as in configs/math.py. Measured (`:smollm`, seeds 0-2: held-out pass@1 0.115 ->
+0.383 ± 0.003, top-k KL 1.69 -> 0.30): docs/distill.md.
 """
 from configs import math as math_config
 from dockyard import config_lib
