@@ -545,7 +545,8 @@ def _validate_distill(config) -> None:
     if str(spec).startswith("package:"):
       _check_package("grpo.distill.teachers", str(spec))
     elif not os.path.isfile(os.path.join(str(spec), "config.json")):
-      raise ConfigError("grpo.distill.teachers", f"{spec!r} is not an HF model directory (no config.json)")
+      raise ConfigError("grpo.distill.teachers", f"{spec!r} is not an HF model directory (no config.json; a "
+                        f"run's checkpointed policy becomes one with `python -m dockyard.export --workdir=<run>`)")
   weights = tuple(float(w) for w in distill.weights)
   if weights and (len(weights) != len(teachers) or min(weights) < 0 or abs(sum(weights) - 1) > 1e-6):
     raise ConfigError("grpo.distill.weights", f"must be one weight >= 0 per teacher, summing to 1 (or "

@@ -39,7 +39,7 @@ SHIPPED = [(swe_config, a) for a in ("tiny", "full", "torch", "sync", "full,torc
     (sft_config, a) for a in ("tiny", "torch", "smollm")] + [
     (rm_config, a) for a in ("tiny", "torch")] + [
     (online_dpo_config, a) for a in ("tiny", "torch", "smollm", "mode=simpo")] + [
-    (distill_config, a) for a in ("", "torch")] + [
+    (distill_config, a) for a in ("", "torch", "smollm")] + [
     (rlaif_config, a) for a in ("", "smollm", "torch,mode=ipo")] + [
     (eval_config, f"set={s}") for s in eval_config.SETS]
 
