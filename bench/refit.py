@@ -43,7 +43,6 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")   # as runner.local_engine: no INFO per refit
 
 from dockyard.refit.transports import InProcessTransport, Transport, _materialize  # noqa: E402
-from dockyard.rollout import wire  # noqa: E402
 
 
 class TimedPolicy:
@@ -100,11 +99,7 @@ class ReloadTransport(Transport):
 
   def send(self, named, version):
     named = _materialize(named)
-    start = time.perf_counter()
-    packed = wire.pack_weights(named)
-    pack = time.perf_counter() - start
-    self.engine.load_packed(packed, version)
-    self.engine.last_load_timings["pack"] = pack
+    self.engine.update_weights_packed(named, version)
     return sum(a.nbytes for _, a in named)
 
 

@@ -211,13 +211,19 @@ class VLLMEngine(BatchedAgenerate, Generator):
     from vllm.v1.engine.core_client import InprocClient
     self._worker_in_process = (isinstance(self.llm.llm_engine.engine_core, InprocClient)
                                and kwargs["distributed_executor_backend"] == "uni")
-    # Seconds per part of the last weight load (`_load`): engine side ('pack', 'rpc',
-    # 'prefix_cache_reset') and worker side ('worker/...', `WorkerExtension.dockyard_last_load_timings`).
-    self.last_load_timings: dict[str, float] = {}
+    self._load_timings: dict[str, float] = {}   # the engine side of `last_load_timings`
 
   @property
   def weight_version(self) -> int:
     return self._version
+
+  @property
+  def last_load_timings(self) -> dict[str, float]:
+    """Seconds per part of the last weight load: the engine side ('pack', 'rpc',
+    'prefix_cache_reset') and the first worker's ('worker/...',
+    `WorkerExtension.dockyard_last_load_timings`), asked for when read (one rpc), not on every load."""
+    worker = self.collective_rpc("dockyard_last_load_timings")[0]
+    return {**self._load_timings, **{f"worker/{k}": v for k, v in worker.items()}}
 
   def tokenizer(self):
     return self.llm.get_tokenizer()
@@ -268,12 +274,17 @@ class VLLMEngine(BatchedAgenerate, Generator):
     process the arrays go to it as they are (no bytes copy); otherwise packed (`wire`)."""
     if self._worker_in_process:
       self._load("dockyard_load_arrays", (list(named_tensors),), version)
-      return
+    else:
+      self.update_weights_packed(named_tensors, version)
+
+  def update_weights_packed(self, named_tensors: Iterable[tuple[str, np.ndarray]], version: int) -> None:
+    """`update_weights` through bytes packed by `wire` (the path of a worker in another process;
+    bench/refit.py times it in-process too)."""
     start = time.perf_counter()
     packed = wire.pack_weights(named_tensors)
     pack = time.perf_counter() - start
     self.load_packed(packed, version)
-    self.last_load_timings["pack"] = pack
+    self._load_timings["pack"] = pack
 
   def load_packed(self, packed, version: int) -> None:
     """Loads weights already packed by `wire.pack_weights` (the object-store path)."""
@@ -301,10 +312,7 @@ class VLLMEngine(BatchedAgenerate, Generator):
       # Cached prefixes hold keys/values computed with the old weights.
       start = time.perf_counter()
       self.llm.reset_prefix_cache()
-      timings = {"rpc": rpc, "prefix_cache_reset": time.perf_counter() - start}
-      worker = self.llm.collective_rpc("dockyard_last_load_timings")[0]   # the first worker's
-      timings.update({f"worker/{k}": v for k, v in worker.items()})
-      self.last_load_timings = timings
+      self._load_timings = {"rpc": rpc, "prefix_cache_reset": time.perf_counter() - start}
 
   def load_lora_adapter(self, path: str, version: int) -> None:
     """Serves the PEFT adapter directory `path` (on this host) on top of the base weights from
