@@ -197,7 +197,8 @@ class DirectLoader:
   straight into:
   - for a linear layer whose weight CPU vLLM packed away: a staging weight from a pool of
     pre-faulted buffers, one per shape, reused across layers and syncs. When the layer's last
-    shard arrives (a count of the elements loaded against its size; tensor parallel size 1),
+    shard arrives (a count of the elements loaded against its size, each shard id at most once;
+    tensor parallel size 1),
     vLLM's own `process_weights_after_loading` packs it into a new oneDNN handle (the old
     handle is freed first, so the allocator can hand its memory to the new one) and the buffer
     goes back to the pool. Weights arrive layer by layer, so the pool holds a few buffers (one
@@ -285,6 +286,7 @@ class DirectLoader:
     for layer, staged in self.linears.items():
       packed_params[layer] = layer.weight
       staged.loaded, staged.buffer = 0, None
+      staged.shards.clear()
       layer.register_parameter("weight", staged.staged)
     start = time.perf_counter()
     try:
@@ -324,6 +326,13 @@ class DirectLoader:
     def loader(param, loaded_weight, *args, **kwargs):
       if staged.layer.weight is not staged.staged:
         raise ValueError(f"{type(staged.layer).__name__}: its weights arrived twice in one load")
+      # A stacked layer (q/k/v, gate/up) takes one call per shard: a shard sent twice would
+      # count towards the layer's size in place of a missing one and pack stale rows.
+      shard = args[0] if args else kwargs.get("loaded_shard_id")
+      if shard in staged.shards:
+        raise ValueError(f"{type(staged.layer).__name__}: shard {shard!r} of one weight arrived twice "
+                         "in one load")
+      staged.shards.add(shard)
       if staged.buffer is None:
         staged.buffer = self._acquire(staged.shape, staged.dtype)
         param.data = staged.buffer
@@ -361,6 +370,7 @@ class _Staged:
     self.layer, self.staged, self.shape, self.dtype = layer, staged, shape, dtype
     self.numel = int(np.prod(shape))
     self.loaded = 0
+    self.shards: set = set()   # shard ids loaded this sync (None: an unstacked weight)
     self.buffer = None
 
 

@@ -138,6 +138,14 @@ def test_direct_load_takes_the_plain_model_and_refuses_a_partial_layer(engine, p
     engine.update_weights(q, version + 1)
   assert engine.weight_version == version
   engine_matches(engine, policy)   # the layer kept its packed weights
+  # q, k and q again: enough elements to fill q/k/v, but v never came; the second q is refused
+  # (counting elements alone would pack the stale v rows of a pooled buffer)
+  qkv = {n.rsplit(".", 2)[-2]: (n, a) for n, a in policy.named_weights()
+         if n.startswith("model.layers.0.self_attn.") and n.endswith("_proj.weight")}
+  with pytest.raises(ValueError, match="arrived twice"):
+    engine.update_weights([qkv["q_proj"], qkv["k_proj"], qkv["q_proj"]], version + 1)
+  assert engine.weight_version == version
+  engine_matches(engine, policy)
   # vLLM's reload path, turned back on for one sync, still loads the same weights
   assert engine.collective_rpc("dockyard_set_direct_load", (False,)) == [False]
   try:
