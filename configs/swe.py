@@ -136,7 +136,7 @@ def get_config(arg=None):
       # batch, so ratio clipping (and clip-higher) act.
       num_minibatches=1,
       max_num_steps=500 if full else 50,   # tiny: 2-20 s a step here, depending on the load
-      val_period=10,
+      val_period=10,         # validate every this many steps and at the last; 0: never
       val_at_start=True,
       max_val_samples=64 if full else 20,   # tiny: all 20 training tasks (validation = train here)
       advantage=dict(

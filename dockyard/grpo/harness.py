@@ -2,7 +2,7 @@
 
   RunSettings        what the run derives from the config once: losses, KL / IS settings,
                      padding, sampling (training and validation), scoring concurrency
-  Validator          validation every `grpo.val_period` steps (val/* metrics, val_samples.jsonl)
+  Validator          validation every `grpo.val_period` steps and at the last (val/* metrics, val_samples.jsonl)
                      and the best-k checkpoints it feeds
   start_run          resume from checkpoints/latest, or SFT warm start; refit when either moved
                      the weights
@@ -185,7 +185,7 @@ def run_validation(generator: Generator, env, tokenizer, tasks: Sequence[Mapping
 
 
 class Validator:
-  """Validation every `val_period` steps and the best-k checkpoints it feeds."""
+  """Validation every `val_period` steps and at the last, and the best-k checkpoints it feeds."""
 
   def __init__(self, config, policy: Policy, generator: Generator, env, tokenizer,
                val_tasks: Sequence[Mapping[str, Any]], settings: RunSettings, ckpt_root: str, run_coro,
@@ -201,8 +201,11 @@ class Validator:
     self.history: list[dict] = []
 
   def due(self, step: int) -> bool:
-    val_period = self.config.grpo.val_period
-    return bool(self.tasks) and val_period > 0 and step % val_period == 0
+    """Every `val_period` steps and at the last step (so a run always ends on a validation of
+    its final weights); never when `val_period` is 0."""
+    grpo = self.config.grpo
+    return (bool(self.tasks) and grpo.val_period > 0
+            and (step % grpo.val_period == 0 or step == grpo.max_num_steps))
 
   def __call__(self, step: int) -> dict:
     ckpt, times = self.config.checkpoint, {}

@@ -272,6 +272,9 @@ def test_grpo_train_learns_logs_checkpoints_and_resumes(tokenizer, tmp_path):
   assert sync2.calls[:2] == ["sync_weights", "prepare_for_generation"]
   rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
   assert [r["step"] for r in rows if "reward/raw_mean" in r][-2:] == [13, 14]
+  # the last step (14, off the period of 4) validates too: a run ends on its final weights' score
+  assert [r["step"] for r in rows if "val/reward_mean" in r] == [0, 4, 8, 12, 14]
+  assert [v["step"] for v in res2.val_history] == [14]
 
 
 def test_grpo_train_rejects_an_unknown_checkpoint_metric(tokenizer, tmp_path):
