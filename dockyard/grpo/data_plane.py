@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import os
 import time
 from typing import Any, Mapping, Sequence
@@ -41,6 +42,8 @@ import numpy as np
 from dockyard.envs.base import Reward
 from dockyard.rollout.base import Completion, SamplingParams
 from dockyard.rollout.chat import decode, encode_prompt
+
+log = logging.getLogger(__name__)
 
 
 # -- the group's wire format ---------------------------------------------------------------------
@@ -155,41 +158,80 @@ class ObjectStorePlane:
   plays one training task's group on the least-loaded engine and returns it unpacked, plus its
   timings. The driver sends the task's index in `tasks` and the sampling settings only. A dead
   engine is restarted by the fleet (`RolloutFleet.on_an_engine`: its newest weights loaded) and
-  the group played again."""
+  the group played again; a dead worker is replaced beside its engine (the engine untouched) and
+  the group played again, up to `rollout.max_restarts` times a worker on average, as for engines."""
 
   def __init__(self, fleet, env_factory, model_path: str, tasks: Sequence[Mapping[str, Any]]):
     import ray
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
     self.fleet = fleet
     self._index = {task_key(t): i for i, t in enumerate(tasks)}
-    cls = ray.remote(ExperienceWorkerImpl)
-    env = {"PYTHONPATH": os.pathsep.join(p for p in (_repo_root(), os.environ.get("PYTHONPATH", "")) if p)}
-    # 0 CPUs in the engine's placement group: the worker lands on the engine's (inference) node and
-    # takes nothing from its bundle.
-    self.workers = [cls.options(
-        num_cpus=0, max_concurrency=1000, runtime_env={"env_vars": env},
-        scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=0),
-    ).remote(env_factory, model_path, tasks_fingerprint(tasks), actor)
-        for pg, actor in zip(fleet.placement_groups, fleet.actors)]
+    self._cls = ray.remote(ExperienceWorkerImpl)
+    self._args = (env_factory, model_path, tasks_fingerprint(tasks))
+    self.workers = [self._start_worker(i, actor) for i, actor in enumerate(fleet.actors)]
     self._engines = list(fleet.actors)   # the engine handle each worker holds
     self.infos = ray.get([w.info.remote() for w in self.workers])
+    self.worker_restarts = 0
     self.shared_bytes = 0     # bytes of groups the trainer mapped from the object store
     self.groups = 0
     self._reported = (0, 0)
 
+  def _start_worker(self, i: int, engine):
+    """Worker `i`, in engine `i`'s placement group with 0 CPUs: it lands on the engine's
+    (inference) node and takes nothing from its bundle."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (_repo_root(), os.environ.get("PYTHONPATH", "")) if p)}
+    return self._cls.options(
+        num_cpus=0, max_concurrency=1000, runtime_env={"env_vars": env},
+        scheduling_strategy=PlacementGroupSchedulingStrategy(
+            placement_group=self.fleet.placement_groups[i], placement_group_bundle_index=0),
+    ).remote(*self._args, engine)
+
+  def _restart_worker(self, i: int, dead) -> None:
+    """Replaces worker `i` if it is still `dead` (groups in flight on it restart it once)."""
+    import ray
+    if self.workers[i] is not dead:
+      return
+    limit = self.fleet.max_restarts * len(self.workers)
+    if self.worker_restarts >= limit:
+      raise RuntimeError(f"experience worker {i} died and the plane already replaced {self.worker_restarts} "
+                         f"workers (config.rollout.max_restarts={self.fleet.max_restarts} a worker)")
+    self.worker_restarts += 1
+    engine = self.fleet.actors[i]
+    worker = self._start_worker(i, engine)
+    ray.get(worker.info.remote())   # up (its constructor ran) before it takes groups
+    self.workers[i], self._engines[i] = worker, engine
+    log.warning("experience worker %d died; replaced it (restart %d)", i, self.worker_restarts)
+
   async def group(self, task: Mapping[str, Any], n: int, sampling: SamplingParams
                   ) -> tuple[list[int], list[Completion], list[str], list[Reward], dict]:
+    from ray.exceptions import RayActorError, RayTaskError
     key = task_key(task)
     if key not in self._index:
       raise KeyError(f"task {task.get('instance_id', '?')!r} is not one of the run's training tasks; the "
                      "data plane plays training tasks only")
 
     async def play(i, engine):   # worker i beside engine i, told of a restarted engine first
-      if self._engines[i] is not engine:
-        await self.workers[i].set_engine.remote(engine)
-        self._engines[i] = engine
-      return await self.workers[i].play.remote(self._index[key], n, sampling)
-    out = await self.fleet.on_an_engine(play)   # a serving engine; restarted and replayed if it dies
+      worker = self.workers[i]
+      try:
+        if self._engines[i] is not engine:
+          await worker.set_engine.remote(engine)
+          self._engines[i] = engine
+        return await worker.play.remote(self._index[key], n, sampling)
+      except RayActorError as e:
+        # The worker itself died: not the engine's death (that reaches here as the cause of a
+        # task error from the worker), so the fleet must not restart the engine for it.
+        if isinstance(e, RayTaskError) or getattr(e, "actor_id", None) != worker._actor_id.hex():
+          raise
+        raise _WorkerDied(i, worker) from e
+
+    for attempt in range(self.fleet.max_restarts + 1):
+      try:
+        out = await self.fleet.on_an_engine(play)   # a serving engine; restarted and replayed if it dies
+        break
+      except _WorkerDied as died:
+        if attempt == self.fleet.max_restarts:
+          raise RuntimeError(f"experience worker {died.index} died under a group {attempt + 1} times") from died
+        await asyncio.to_thread(self._restart_worker, died.index, died.worker)
     record = await out["ref"][0]
     self.shared_bytes += out["bytes"]
     self.groups += 1
@@ -210,6 +252,14 @@ class ObjectStorePlane:
       pass
     for w in self.workers:
       ray.kill(w)
+
+
+class _WorkerDied(Exception):
+  """Experience worker `index` (the handle `worker`) died under a call."""
+
+  def __init__(self, index: int, worker):
+    super().__init__(f"experience worker {index} died")
+    self.index, self.worker = index, worker
 
 
 def _repo_root() -> str:

@@ -4,8 +4,9 @@ Unit: a group survives the object-store wire format field for field; task identi
 checkpoint's JSON round trip; validation refuses what the plane cannot carry. On the session's
 two-engine Ray fleet (slow): a group played by an experience worker is the group the colocated
 path gets for the same request (same tokens and logprobs from the same engine, rewards of the
-same texts), a killed engine under a worker is restarted and the group played again, and a
-worker whose training tasks are not the driver's refuses to play.
+same texts), a killed engine under a worker is restarted and the group played again, a killed
+worker is replaced without touching its engine, and a worker whose training tasks are not the
+driver's refuses to play.
 """
 from __future__ import annotations
 
@@ -107,6 +108,20 @@ def test_a_killed_engine_under_a_worker_is_restarted_and_the_group_played_again(
   new = fleet.engine_pids()
   assert new[0] != pids[0] and new[1] == pids[1]
   assert out["versions"] == [fleet.weight_version]     # the restarted engine holds the fleet's weights
+
+
+@pytest.mark.slow
+def test_a_killed_worker_is_replaced_and_its_engine_left_alone(plane, fleet):
+  import ray
+  restarts, pids = fleet.restarts, fleet.engine_pids()
+  dead = plane.workers[0]
+  ray.kill(dead)                # idle engines: the next group goes to engine 0, through worker 0
+  prompt, completions, texts, rewards, out = asyncio.run(
+      plane.group(TASKS[1], 2, SamplingParams(max_tokens=6, seed=7)))
+  assert len(completions) == 2 and len(rewards) == 2
+  assert plane.worker_restarts == 1 and plane.workers[0] is not dead
+  assert fleet.restarts == restarts and fleet.engine_pids() == pids     # no engine was restarted
+  assert out["versions"] == [fleet.weight_version]
 
 
 @pytest.mark.slow
