@@ -13,7 +13,7 @@ Two paths are timed, alternating sync by sync so that both see the same machine 
           `reload_weights` (fresh tensors per layer, copied back), the heap trimmed after
 
 Each sync is timed part by part: 'gather + name map' (the time spent inside the policy's
-`named_weights()`: device -> host, the name map's transposes into HF layout), 'engine/...'
+`named_weights()`: device -> host views, transposed into HF layout without a copy), 'engine/...'
 (`VLLMEngine.last_load_timings`: packing, the rpc, and inside it the worker's parts: load,
 oneDNN repack, lm_head repack, heap trim), 'canary' (trainer and engine score a fixed probe) and
 'sync' (gather -> engine ready to generate: `refit()` without the canary, which runs after it on its

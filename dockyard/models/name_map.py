@@ -174,6 +174,9 @@ def hf_to_nnx_array(entry: Entry, x: np.ndarray) -> np.ndarray:
 
 
 def nnx_to_hf_array(entry: Entry, x: np.ndarray) -> np.ndarray:
+  """`x` in HF layout: a view of `x` (every transform is a transpose and/or a reshape of a
+  C-ordered array), so not necessarily C-contiguous. A consumer that needs C order (safetensors,
+  a wire format) makes it; a loader that copies into its own storage copies once, strided."""
   t = entry.transform
   if t == "identity":
     out = x
@@ -189,12 +192,14 @@ def nnx_to_hf_array(entry: Entry, x: np.ndarray) -> np.ndarray:
     out = x.T[:, None, :]
   else:
     raise ValueError(f"unknown transform {t!r} for {entry.nnx}")
-  return np.ascontiguousarray(out)  # safetensors and torch.from_numpy need C order
+  return out
 
 
 def to_hf(named: Mapping[str, np.ndarray] | Iterable[tuple[str, np.ndarray]],
           config: ModelConfig, *, partial: bool = False) -> Iterator[tuple[str, np.ndarray]]:
-  """Streams (hf_name, array) in HF / vLLM layout from NNX (path, array) pairs.
+  """Streams (hf_name, array) in HF / vLLM layout from NNX (path, array) pairs: host views of
+  the arrays, transposed where HF's layout is (no copy beyond the host transfer), so not
+  necessarily C-contiguous.
 
   Every table entry must be present and nothing else: a missing or unknown NNX path is an error
   (a silently skipped weight would leave vLLM serving stale values). `partial=True` streams a

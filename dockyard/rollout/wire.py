@@ -51,7 +51,8 @@ def write_shared_memory(named: list[tuple[str, np.ndarray]]) -> tuple[shared_mem
     offset += array.nbytes
   block = shared_memory.SharedMemory(create=True, size=max(offset, 1))
   for (name, array), (_, start, _, _) in zip(named, index):
-    np.frombuffer(block.buf, dtype=array.dtype, count=array.size, offset=start)[:] = array.reshape(-1)
+    # one strided copy straight into the block (a transposed view's reshape(-1) would copy twice)
+    np.frombuffer(block.buf, dtype=array.dtype, count=array.size, offset=start).reshape(array.shape)[...] = array
   return block, index, offset
 
 
@@ -91,20 +92,23 @@ class GroupBroadcaster:
       self.comm.broadcast([tensor], opts).wait()
 
 
-def to_torch(array, device):
+def to_torch(array, device, contiguous: bool = True):
   """A trainer array as a torch tensor on `device`: DLPack for jax/torch-like arrays (no copy on
-  the same device), `from_numpy` for NumPy (bfloat16 from ml_dtypes via a uint16 view)."""
+  the same device), `from_numpy` for NumPy (bfloat16 from ml_dtypes via a uint16 view).
+  `contiguous=False`: a NumPy view keeps its strides on the CPU (no copy; for a loader that
+  copies it into its own storage anyway)."""
   import torch
   if isinstance(array, np.ndarray):
     if array.dtype.name == "bfloat16":
-      t = torch.from_numpy(np.ascontiguousarray(array).view(np.uint16)).view(torch.bfloat16)
+      t = torch.from_numpy(array.view(np.uint16)).view(torch.bfloat16)
     else:
-      t = torch.from_numpy(np.ascontiguousarray(array))
+      t = torch.from_numpy(array)
   elif hasattr(array, "__dlpack__"):
     t = torch.from_dlpack(array)
   else:
     raise TypeError(f"cannot send a {type(array).__name__} as a weight (want numpy or a DLPack array)")
-  return t.to(device).contiguous()
+  t = t.to(device)
+  return t.contiguous() if contiguous else t
 
 
 def torch_dtype_name(t) -> str:

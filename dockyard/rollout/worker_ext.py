@@ -100,15 +100,18 @@ class WorkerExtension:
     """Loads (name, array) pairs handed over in this process (`VLLMEngine.update_weights` with
     the in-process core): no bytes copy on either side, and the heap is not trimmed (nothing
     here allocated a copy of the model; trimming would only make the next load fault its
-    buffers in again)."""
+    buffers in again). The `DirectLoader` takes the name map's strided views as they are (its
+    staging weights share their layout, so its copy is a plain one); vLLM's reload gets them
+    C-contiguous."""
     import warnings
+    strided = self._dockyard_direct_loader() is not None
 
     def tensors():
       for name, array in named:
         with warnings.catch_warnings():
           # read-only host views of the trainer's arrays: loading copies them, never writes them
           warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-          yield name, to_torch(array, "cpu")
+          yield name, to_torch(array, "cpu", contiguous=not strided)
     return self._dockyard_reload_tensors(tensors(), refresh_tied_head, trim_heap=False)
 
   def _dockyard_reload_tensors(self, named, refresh_tied_head: bool = True, trim_heap: bool = True) -> int:
@@ -221,7 +224,7 @@ class DirectLoader:
     self.linears = linears          # layer -> _Staged
     self.heads = heads              # [(head module, tied: bool)]
     self.vllm_config = vllm_config
-    self.pool: dict[tuple, list] = {}   # (shape, dtype) -> free staging buffers
+    self.pool: dict[tuple, list] = {}   # (shape, dtype, column-major) -> free staging buffers
     self.loaded_embeddings: set[int] = set()   # id(weight) of embedding weights loaded this sync
     self._timings: dict[str, float] = {}
     for module in model.modules():
@@ -334,7 +337,7 @@ class DirectLoader:
                          "in one load")
       staged.shards.add(shard)
       if staged.buffer is None:
-        staged.buffer = self._acquire(staged.shape, staged.dtype)
+        staged.buffer = self._acquire(staged.shape, staged.dtype, _column_major(loaded_weight))
         param.data = staged.buffer
       result = original(param, loaded_weight, *args, **kwargs)
       staged.loaded += loaded_weight.numel()
@@ -351,14 +354,20 @@ class DirectLoader:
     self._release(staged)
     self._timings["repack"] += time.perf_counter() - start
 
-  def _acquire(self, shape, dtype):
+  def _acquire(self, shape, dtype, column_major: bool):
+    """A free staging weight of `shape` [out, in] in the layout of the weight that arrives:
+    column-major for the JAX trainer's [in, out] kernel seen through the name map's transpose,
+    row-major for a C-ordered HF tensor, so that loading it is a plain copy either way (oneDNN's
+    packing reads both layouts)."""
     import torch
-    free = self.pool.setdefault((shape, dtype), [])
-    return free.pop() if free else torch.empty(shape, dtype=dtype)
+    free = self.pool.setdefault((shape, dtype, column_major), [])
+    if free:
+      return free.pop()
+    return torch.empty(shape[::-1], dtype=dtype).t() if column_major else torch.empty(shape, dtype=dtype)
 
   def _release(self, staged: "_Staged") -> None:
     import torch
-    self.pool[(staged.shape, staged.dtype)].append(staged.buffer)
+    self.pool[(staged.shape, staged.dtype, _column_major(staged.buffer))].append(staged.buffer)
     staged.buffer = None
     staged.staged.data = torch.empty(0, dtype=staged.dtype)
 
@@ -372,6 +381,11 @@ class _Staged:
     self.loaded = 0
     self.shards: set = set()   # shard ids loaded this sync (None: an unstacked weight)
     self.buffer = None
+
+
+def _column_major(t) -> bool:
+  """Whether 2-D tensor `t` is laid out column-major (a transposed C-ordered array)."""
+  return t.dim() == 2 and t.stride(0) == 1 and t.shape[0] > 1 and t.stride(1) >= t.shape[0]
 
 
 def _is_embedding(module) -> bool:

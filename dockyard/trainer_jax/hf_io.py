@@ -111,7 +111,7 @@ def save_hf(model: Decoder, path: str, source_dir: str | None = None, *, dtype=N
   params = {k: to_numpy(v) for k, v in named_params(model).items()}
   tensors = {}
   for hf, arr in name_map.to_hf(params, model.config):
-    tensors[hf] = arr.astype(dtype) if dtype is not None else arr
+    tensors[hf] = np.ascontiguousarray(arr, dtype=dtype)   # safetensors writes C order
   shards, current, size = [], {}, 0
   for name, arr in tensors.items():
     if current and size + arr.nbytes > max_shard_bytes:

@@ -21,6 +21,10 @@ def engine_matches(engine, policy, prompts=([5, 6, 7, 8, 9], [100, 200, 300])):
     np.testing.assert_allclose(c.logprobs, hf, atol=LOGPROB_TOL)
 
 
+def named_by(named, name):
+  return next(a for n, a in named if n == name)
+
+
 def swap_qk(named):
   """A deliberately wrong name map: layer 0's q_proj and k_proj rows trade places (k is smaller,
   so q's first rows land in k and k's rows in q's first rows: shapes stay legal)."""
@@ -122,7 +126,7 @@ def test_canary_catches_a_stale_tied_lm_head(engine, policy, config):
   assert sync.sync_weights()["refit/canary/max_abs_logprob_delta"] <= canary.max_abs_logprob_delta
 
 
-def test_direct_load_takes_the_plain_model_and_refuses_a_partial_layer(engine, policy, config):
+def test_direct_load_takes_the_plain_model_and_refuses_a_partial_layer(engine, policy, config, tiny_path):
   """The tiny dense model loads through the worker's `DirectLoader` (no vLLM `reload_weights`),
   and a sync that sends only part of a stacked layer (q_proj without its k_proj / v_proj) fails
   instead of packing a half-loaded q/k/v into the engine."""
@@ -158,4 +162,18 @@ def test_direct_load_takes_the_plain_model_and_refuses_a_partial_layer(engine, p
   policy.perturb(0.5, seed=13)
   sync.refit()
   assert "worker/repack" in engine.last_load_timings
+  engine_matches(engine, policy)
+  # The JAX trainer's name map hands over strided views (its kernels transposed, no copy): the
+  # staging weights take that layout (column-major), where C-ordered tensors like the ones above
+  # got row-major ones; the canary checks the engine against the JAX policy after the sync.
+  import jax
+
+  from dockyard.trainer_jax.policy import JaxPolicy
+  jax_policy = JaxPolicy.from_hf(tiny_path, config, devices=jax.devices()[:1])
+  assert not named_by(jax_policy.named_weights(), "model.layers.0.mlp.down_proj.weight").flags.c_contiguous
+  jax_sync = create_weight_synchronizer(config, jax_policy, engine)
+  assert jax_sync.refit()["refit/canary/max_abs_logprob_delta"] <= config.refit.canary.max_abs_logprob_delta
+  assert "worker/repack" in engine.last_load_timings
+  policy.perturb(0.5, seed=15)
+  create_weight_synchronizer(config, policy, engine).refit()   # back to C-ordered tensors, same pool
   engine_matches(engine, policy)
