@@ -19,6 +19,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
@@ -50,12 +51,13 @@ class EngineActorImpl:
     self._lora_dirs: list[str] = []
     self.batches = 0
     self.in_batch = 0      # requests inside the running vLLM batch
+    self.busy_s = 0.0      # seconds inside vLLM batches (the engine's utilization; bench/async_vs_sync.py)
     self._queue: queue.Queue = queue.Queue()
     threading.Thread(target=self._batch_loop, daemon=True).start()
 
   def info(self) -> dict:
     return {"pid": os.getpid(), "version": self.engine.weight_version, "vocab_size": self.engine.vocab_size,
-            "batches": self.batches, "in_batch": self.in_batch}
+            "batches": self.batches, "in_batch": self.in_batch, "busy_s": self.busy_s}
 
   def generate(self, prompts, n, sampling):
     self.engine.check_request(prompts, n, sampling)  # a bad request fails alone, not its batch
@@ -72,6 +74,7 @@ class EngineActorImpl:
         except queue.Empty:
           break
       self.in_batch = len(items)
+      t0 = time.perf_counter()
       try:
         outs = self.engine.generate_many([request for request, _ in items])
         self.batches += 1
@@ -81,6 +84,7 @@ class EngineActorImpl:
         continue
       finally:
         self.in_batch = 0
+        self.busy_s += time.perf_counter() - t0
       for (_, done), out in zip(items, outs):
         done.set_result(out)
 
@@ -248,7 +252,7 @@ class RolloutFleet(Generator):
     self.stale.clear()
 
   def engine_info(self) -> list[dict]:
-    """Per engine: pid, weight version, vocab size, vLLM batches run."""
+    """Per engine: pid, weight version, vocab size, vLLM batches run, seconds inside them."""
     return self._ray.get([a.info.remote() for a in self.actors])
 
   def engine_pids(self) -> list[int]:

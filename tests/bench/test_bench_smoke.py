@@ -43,8 +43,9 @@ def test_benches_found():
 SMOKED_ELSEWHERE = {"peer_trl"}
 
 
-# Benches with a second mode: each mode is smoked too.
-MODES = {"trainer": ["--moe"]}
+# Benches with a second mode: each mode is smoked too. async_vs_sync's SWE mode starts Ray, the
+# sandbox fleet and a vLLM actor and does 10 SFT steps: ~80 s (load 7-18), the slowest smoke here.
+MODES = {"trainer": ["--moe"], "async_vs_sync": ["--env=swe"]}
 
 
 @pytest.mark.slow
