@@ -13,6 +13,12 @@ interleaved repetitions (vLLM, HF, vLLM, HF, ...) so that load from other proces
   python bench/generate.py --smoke    # CI: the tiny local model, 2 prompts x 2 samples x 4 tokens
   python bench/generate.py --model=/path/to/hf/dir   # any HF directory or package:<name>
 
+Each side's rate is also printed as model FLOP/s over this CPU's fp32 matmul peak (torch, every
+core, measured before and after; the better of the two): 2 x parameters a token, for the new tokens
+and each distinct prompt token once (attention's context terms, ~2% here, left out). That is how
+far either side is from what the cores can do, whatever the other side does: the ratio can be no
+larger than 1 / HF's fraction.
+
 Ends with `RESULT vllm_vs_hf_generate <vllm tokens/s / hf tokens/s> x`.
 """
 from __future__ import annotations
@@ -26,6 +32,24 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 # prompts, samples per prompt, new tokens per sample, repetitions
 SIZES = {"full": (32, 8, 48, 3), "quick": (8, 4, 32, 1), "smoke": (2, 2, 4, 1)}
+
+
+def matmul_peak(n: int = 2048, reps: int = 5) -> float:
+  """fp32 GFLOP/s of an n x n x n torch matmul on every core: the best of `reps` after one untimed."""
+  import torch
+  a, b = torch.randn(n, n), torch.randn(n, n)
+  threads = torch.get_num_threads()
+  torch.set_num_threads(len(os.sched_getaffinity(0)))
+  try:
+    torch.matmul(a, b)
+    best = float("inf")
+    for _ in range(reps):
+      start = time.perf_counter()
+      torch.matmul(a, b)
+      best = min(best, time.perf_counter() - start)
+  finally:
+    torch.set_num_threads(threads)
+  return 2 * n ** 3 / best / 1e9
 
 
 def main():
@@ -81,6 +105,7 @@ def main():
     return int((out.shape[1] - width) * out.shape[0])
 
   run_hf()  # warm-up
+  peak = matmul_peak(512, 1) if args.smoke else matmul_peak()
   samples = {"vllm": [], "hf": []}
   for _ in range(reps):
     for name, fn in (("vllm", run_vllm), ("hf", run_hf)):
@@ -88,11 +113,19 @@ def main():
       tokens = fn()
       samples[name].append(tokens / (time.perf_counter() - start))
   rates = {name: statistics.median(v) for name, v in samples.items()}
+  peak = max(peak, matmul_peak(512, 1) if args.smoke else matmul_peak())
+  # Model FLOPs a new token: 2 x parameters (the tied embedding counts once, as the head's matmul);
+  # the distinct prompt tokens' prefill is the same work for both sides, spread over the new tokens.
+  n_params = sum(p.numel() for p in model.parameters())
+  flops_per_new_token = 2 * n_params * (1 + sum(map(len, prompts)) / (num_prompts * n * new_tokens))
   print(f"model {path}; {num_prompts} prompts (~{sum(map(len, prompts)) / len(prompts):.0f} tokens) x {n} "
         f"samples x {new_tokens} new tokens at T={temperature}, median of {reps}; torch threads "
         f"{torch.get_num_threads()}, load {os.getloadavg()[0]:.1f}")
+  print(f"fp32 matmul peak {peak:.1f} GFLOP/s (torch, {len(os.sched_getaffinity(0))} cores); "
+        f"{flops_per_new_token / 1e6:.0f} MFLOP a new token ({n_params / 1e6:.1f}M parameters)")
   for name in rates:
-    print(f"{name:5s} {rates[name]:10.1f} tokens/s  (each: {', '.join(f'{r:.1f}' for r in samples[name])})")
+    print(f"{name:5s} {rates[name]:10.1f} tokens/s  MFU {rates[name] * flops_per_new_token / 1e9 / peak:6.1%}  "
+          f"(each: {', '.join(f'{r:.1f}' for r in samples[name])})")
   print(f"RESULT vllm_vs_hf_generate {rates['vllm'] / rates['hf']:.2f} x")
 
 
