@@ -34,6 +34,7 @@ import hashlib
 import json
 import logging
 import os
+import threading
 import time
 from typing import Any, Mapping, Sequence
 
@@ -171,6 +172,7 @@ class ObjectStorePlane:
     self._engines = list(fleet.actors)   # the engine handle each worker holds
     self.infos = ray.get([w.info.remote() for w in self.workers])
     self.worker_restarts = 0
+    self._restart_lock = threading.Lock()   # groups in flight on a dead worker replace it once
     self.shared_bytes = 0     # bytes of groups the trainer mapped from the object store
     self.groups = 0
     self._reported = (0, 0)
@@ -187,20 +189,22 @@ class ObjectStorePlane:
     ).remote(*self._args, engine)
 
   def _restart_worker(self, i: int, dead) -> None:
-    """Replaces worker `i` if it is still `dead` (groups in flight on it restart it once)."""
+    """Replaces worker `i` if it is still `dead` (groups in flight on it restart it once: the
+    calls come from threads, `asyncio.to_thread`)."""
     import ray
-    if self.workers[i] is not dead:
-      return
-    limit = self.fleet.max_restarts * len(self.workers)
-    if self.worker_restarts >= limit:
-      raise RuntimeError(f"experience worker {i} died and the plane already replaced {self.worker_restarts} "
-                         f"workers (config.rollout.max_restarts={self.fleet.max_restarts} a worker)")
-    self.worker_restarts += 1
-    engine = self.fleet.actors[i]
-    worker = self._start_worker(i, engine)
-    ray.get(worker.info.remote())   # up (its constructor ran) before it takes groups
-    self.workers[i], self._engines[i] = worker, engine
-    log.warning("experience worker %d died; replaced it (restart %d)", i, self.worker_restarts)
+    with self._restart_lock:
+      if self.workers[i] is not dead:
+        return
+      limit = self.fleet.max_restarts * len(self.workers)
+      if self.worker_restarts >= limit:
+        raise RuntimeError(f"experience worker {i} died and the plane already replaced {self.worker_restarts} "
+                           f"workers (config.rollout.max_restarts={self.fleet.max_restarts} a worker)")
+      self.worker_restarts += 1
+      engine = self.fleet.actors[i]
+      worker = self._start_worker(i, engine)
+      ray.get(worker.info.remote())   # up (its constructor ran) before it takes groups
+      self.workers[i], self._engines[i] = worker, engine
+      log.warning("experience worker %d died; replaced it (restart %d)", i, self.worker_restarts)
 
   async def group(self, task: Mapping[str, Any], n: int, sampling: SamplingParams
                   ) -> tuple[list[int], list[Completion], list[str], list[Reward], dict]:
