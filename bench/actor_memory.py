@@ -6,7 +6,9 @@ refits all weights through the object store (the fleet's default transport). The
 is read from /proc after every round. The baseline printed beside it is the size of one refit's
 weights: an actor that keeps a refit's buffers grows by ~1x of it per round, a healthy one by ~0x.
 Measured on SmolLM2 with `--quick`: 1.113x before the workers returned freed heap to the OS after
-a reload (`dockyard/rollout/worker_ext.py`), 0.032x after.
+a reload (`dockyard/rollout/worker_ext.py`), 0.032x after. Since the object store carries arrays
+(mapped in the actor, no bytes copy; 2026-12-07) the reload still frees oneDNN's previous packed
+weights on whichever actor thread ran it: 0.638x without the trim, 0.003-0.010x with it.
 
   python bench/actor_memory.py [--smoke | --quick]
 

@@ -24,6 +24,7 @@ flipped route is that flip, not the sync).
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 
 import numpy as np
@@ -62,10 +63,15 @@ class RefitCanary:
     return cls(ids, max_abs_logprob_delta, max_mean_abs_logprob_delta)
 
   def _score(self, policy: Policy, generator) -> tuple[np.ndarray, np.ndarray]:
+    """Both sides' probe logprobs; the engine scores in a thread while the trainer scores here
+    (engines in other processes or on other machines: the canary takes the longer of the two,
+    not their sum)."""
     ids = self.probe_ids
     ones = np.ones_like(ids)
-    trainer = np.asarray(policy.logprobs(TrainBatch(ids, ones, ones)), np.float64)[:, 1:]
-    engine = np.stack([np.asarray(r, np.float64) for r in generator.prompt_logprobs(ids.tolist())])[:, 1:]
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="canary") as pool:
+      engine_rows = pool.submit(generator.prompt_logprobs, ids.tolist())
+      trainer = np.asarray(policy.logprobs(TrainBatch(ids, ones, ones)), np.float64)[:, 1:]
+      engine = np.stack([np.asarray(r, np.float64) for r in engine_rows.result()])[:, 1:]
     return trainer, engine
 
   @staticmethod

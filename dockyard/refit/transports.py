@@ -1,12 +1,12 @@
 """How weights travel from the trainer to the engines; the synchronizer picks one.
 
 - `InProcessTransport`: colocated engine in this process; arrays go straight in (no copy to disk).
-- `ObjectStoreTransport`: a Ray fleet on this node or another: packed once, `ray.put` once, every
-  engine reads the same object (Ray's shared-memory object store on one node).
+- `ObjectStoreTransport`: a Ray fleet on this node or another: the arrays `ray.put` once (one
+  copy into the store), every engine reads the same object (on one node: mapped, no copy).
 - `SharedMemoryTransport`: engines on this host: one POSIX shared-memory block, an index of
   (name, offset, dtype, shape), the workers copy out of it.
 - `NcclTransport` (`refit/nccl.py`): GPU, non-colocated: a broadcast into the vLLM workers.
-The packing and the shared-memory layout are `dockyard.rollout.wire`'s, which the workers read.
+The shared-memory layout is `dockyard.rollout.wire`'s, which the workers read.
 Each `send(named_weights, version)` returns the bytes moved.
 """
 from __future__ import annotations
@@ -63,9 +63,9 @@ class ObjectStoreTransport(Transport):
     self.fleet = fleet
 
   def send(self, named, version):
-    packed = wire.pack_weights(_materialize(named))
-    self.fleet.load_packed(packed, version)
-    return sum(len(raw) for _, raw, _, _ in packed)
+    named = _materialize(named)
+    self.fleet.update_weights(named, version)
+    return sum(a.nbytes for _, a in named)
 
 
 class SharedMemoryTransport(Transport):

@@ -2,9 +2,9 @@
 engine, so nothing above it probes for methods.
 
 Implemented by the vLLM engine (`dockyard.rollout.vllm_engine`) and the Ray fleet that spreads
-requests over several engines. Weights arrive through `update_weights` (arrays, in process),
-`load_packed` (the wire format of `dockyard.rollout.wire`, the object store) or
-`load_shared_memory`; the fleet adds the broadcast group's receive methods (`dockyard.refit.nccl`).
+requests over several engines. Weights arrive through `update_weights` ((name, array) pairs: in
+process, or through Ray's object store to a fleet) or `load_shared_memory`; the fleet adds the
+broadcast group's receive methods (`dockyard.refit.nccl`).
 """
 from __future__ import annotations
 
@@ -80,11 +80,6 @@ class Generator(abc.ABC):
   @abc.abstractmethod
   def prepare_for_generation(self) -> None:
     """Makes the engine ready to sample after a weight update (re-packing, cache reset)."""
-
-  def load_packed(self, packed, version: int) -> None:
-    """Loads weights in `wire.pack_weights`' format (config.refit.transport='object_store')."""
-    raise NotImplementedError(f"{type(self).__name__} cannot load packed weights "
-                              f"(config.refit.transport='object_store')")
 
   def load_shared_memory(self, block_name: str, index, version: int) -> None:
     """Loads weights from a `wire.write_shared_memory` block (config.refit.transport='shared_memory')."""

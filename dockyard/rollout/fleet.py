@@ -26,7 +26,6 @@ import numpy as np
 
 import dockyard
 from dockyard import ray_utils
-from dockyard.rollout import wire
 from dockyard.rollout.base import Completion, Generator, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -91,8 +90,13 @@ class EngineActorImpl:
   def prompt_logprobs(self, sequences):
     return self.engine.prompt_logprobs(sequences)
 
-  def load_packed(self, packed, version):
-    self.engine.load_packed(packed, version)
+  def update_weights(self, named, version):
+    """(name, array) pairs out of the object store: read-only views of the shared object, no copy
+    until the engine's loader copies each into its own storage. The engine's worker runs in this
+    process, so the heap it freed is trimmed here (`worker_ext.return_freed_heap`)."""
+    from dockyard.rollout.worker_ext import return_freed_heap
+    self.engine.update_weights(named, version)
+    return_freed_heap()
     return self.engine.weight_version
 
   def load_shared_memory(self, block_name, index, version):
@@ -154,7 +158,7 @@ class RolloutFleet(Generator):
     self.on_gpu = int(config.cluster.accelerators_per_node) > 0
     self.max_restarts = int(self.rollout.get("max_restarts", 3))
     self._version = 0
-    self._latest_packed = None       # ObjectRef of the newest weights, for restarted engines
+    self._latest_weights = None      # ObjectRef of the newest weights, for restarted engines
     self._latest_adapter = None      # ObjectRef of the newest LoRA adapter's files (lora_mode='adapter')
     # vLLM's LoRA support, when refit ships adapters (refit.lora_mode='adapter' under policy.lora).
     lora, refit = config.policy.get("lora") if "policy" in config else None, config.get("refit")
@@ -213,8 +217,8 @@ class RolloutFleet(Generator):
         pass
       actor = self._start(i)
       version = self._ray.get(actor.info.remote())["version"]
-      if self._latest_packed is not None:
-        version = self._ray.get(actor.load_packed.remote(self._latest_packed, self._version))
+      if self._latest_weights is not None:
+        version = self._ray.get(actor.update_weights.remote(self._latest_weights, self._version))
       if self._latest_adapter is not None:
         version = self._ray.get(actor.load_lora_adapter.remote(self._latest_adapter, self._version))
       self.actors[i] = actor
@@ -344,18 +348,21 @@ class RolloutFleet(Generator):
     return rows
 
   def update_weights(self, named_tensors: Iterable[tuple[str, np.ndarray]], version: int) -> None:
-    self.load_packed(wire.pack_weights(named_tensors), version)
-
-  def load_packed(self, packed, version: int) -> None:
-    """One `ray.put`, read by every engine from the object store; kept for restarted engines."""
-    ref = self._ray.put(packed)
-    self._loaded(self._ray.get([a.load_packed.remote(ref, version) for a in self.actors]), version)
-    self._latest_packed, self._version = ref, int(version)
+    """One `ray.put` of the (name, array) pairs, read by every engine from the object store;
+    kept for restarted engines. Ray writes a C- or Fortran-contiguous array into the store with
+    one copy and an engine on this node maps it without one (the name map's transposed views of
+    the JAX kernels are Fortran-contiguous); any other layout is made C-contiguous first."""
+    named = [(name, a if a.flags.c_contiguous or a.flags.f_contiguous else np.ascontiguousarray(a))
+             for name, a in ((n, np.asarray(t)) for n, t in named_tensors)]
+    ref = self._ray.put(named)
+    del named
+    self._loaded(self._ray.get([a.update_weights.remote(ref, version) for a in self.actors]), version)
+    self._latest_weights, self._version = ref, int(version)
 
   def load_shared_memory(self, block_name: str, index, version: int) -> None:
     self._loaded(self._ray.get([a.load_shared_memory.remote(block_name, index, version)
                                 for a in self.actors]), version)
-    self._latest_packed, self._version = None, int(version)
+    self._latest_weights, self._version = None, int(version)
 
   def load_lora_adapter(self, path: str, version: int) -> None:
     """The PEFT adapter directory `path` (this host) to every engine: its files travel through
@@ -400,7 +407,7 @@ class RolloutFleet(Generator):
     def wait() -> None:
       self._ray.get(refs)
       self._loaded([info["version"] for info in self.engine_info()], version)
-      self._latest_packed, self._version = None, int(version)
+      self._latest_weights, self._version = None, int(version)
     return wait
 
   def prepare_for_generation(self) -> None:

@@ -283,12 +283,8 @@ class VLLMEngine(BatchedAgenerate, Generator):
     start = time.perf_counter()
     packed = wire.pack_weights(named_tensors)
     pack = time.perf_counter() - start
-    self.load_packed(packed, version)
-    self._load_timings["pack"] = pack
-
-  def load_packed(self, packed, version: int) -> None:
-    """Loads weights already packed by `wire.pack_weights` (the object-store path)."""
     self._load("dockyard_load_weights", (packed,), version)
+    self._load_timings["pack"] = pack
 
   def load_shared_memory(self, block_name: str, index, version: int) -> None:
     self._load("dockyard_load_shared_memory", (block_name, index), version)

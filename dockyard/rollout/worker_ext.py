@@ -18,14 +18,16 @@ import numpy as np
 from dockyard.rollout.wire import GroupBroadcaster, read_shared_memory, to_torch, unpack_weights
 
 
-def _return_freed_heap() -> None:
+def return_freed_heap() -> None:
   """Hands the heap pages a refit freed back to the OS (glibc `malloc_trim`).
 
-  A refit through the object store deserializes every weight as a fresh `bytes` object in the
-  actor and frees it after the reload; glibc keeps those pages in its arenas, so without this the
-  actor's RssAnon grew by ~1.1x the refit's bytes per refit (SmolLM2-135M: ~0.6 GB a round,
-  `bench/actor_memory.py`) and a 40-step run ended near the machine's memory; with it ~0.03x.
-  A no-op where libc has no `malloc_trim` (not glibc).
+  glibc keeps freed pages in its arenas, one per thread that allocated them. A reload frees the
+  previous copies (bytes deserialized from the wire, oneDNN's previous packed weights) and, in a
+  Ray engine actor whose calls arrive on different threads, the next one allocates in another
+  arena, so without this the actor's RssAnon grew by ~0.6-1.1x the refit's bytes per refit
+  (SmolLM2-135M: 0.34-0.6 GB a round, `bench/actor_memory.py`) and a 40-step run ended near the
+  machine's memory; with it ~0.003-0.03x. Costs ~50-80 ms for SmolLM2-135M (the pages fault in
+  again at the next load). A no-op where libc has no `malloc_trim` (not glibc).
   """
   import ctypes
   try:
@@ -143,7 +145,7 @@ class WorkerExtension:
     else:
       start = time.perf_counter()
     if trim_heap:
-      _return_freed_heap()
+      return_freed_heap()
       timings["heap_trim"], _ = _lap(start)
     self._dockyard_timings = timings
     return count
