@@ -1,6 +1,6 @@
 r"""dockyard's GRPO beside TRL's `GRPOTrainer`: the same weights, prompts, reward and settings.
 
-  python bench/peer_trl.py --quick      # speed only, 4 steps each side, real model (~11 min here: TRL's side ~9)
+  python bench/peer_trl.py --quick      # speed only, 3 steps each side, real model
   python bench/peer_trl.py --smoke      # the smallest size: a tiny local model (CI)
   python bench/peer_trl.py --seed=S --workdir=DIR --report=rS.json   # learning + speed (est. ~1.5 h here)
   python bench/peer_trl.py --summarize r0.json r1.json r2.json        # mean +- sd over seeds
@@ -133,7 +133,7 @@ SIZES = {
                  instruction="End your reply with 'Answer: <number>'.", temperature=0.5,
                  max_seq_len=128, max_model_len=256, lr=1e-5, beta=0.0),
     # speed only, as measured in docs/peer_trl.md (two-digit sums, T=1, a KL term)
-    "quick": dict(steps=4, prompts=2, generations=4, max_new_tokens=16, micro_batch=8,
+    "quick": dict(steps=3, prompts=2, generations=4, max_new_tokens=16, micro_batch=8,
                   num_train=200, num_validation=0, min_operand=10, max_operand=99, ops="+",
                   instruction="", temperature=1.0,
                   max_seq_len=128, max_model_len=256, lr=5e-6, beta=0.01),
@@ -319,7 +319,13 @@ def side_trl(settings: dict, workdir: str) -> dict:
   records_path = os.path.join(workdir, "steps.jsonl")
   generate_s: list[float] = []
 
+  save_s: list[float] = []   # this process's checkpoint saves (resumability), not step time
+
   class StepRecorder(TrainerCallback):
+    # HF's Trainer saves the step's checkpoint after on_step_end, so the next step's clock starts
+    # when the save is done (on_save): a step is generate + score + train, as on dockyard's side,
+    # whose bench config writes no checkpoints. (Before 2026-12-07 the clock restarted at
+    # on_step_end, so each TRL step also paid the previous step's checkpoint save.)
     def on_train_begin(self, *a, **k):
       self.mark = time.perf_counter()
 
@@ -329,6 +335,11 @@ def side_trl(settings: dict, workdir: str) -> dict:
         f.write(json.dumps(dict(step=state.global_step, step_s=now - self.mark, prompts=seen[-1],
                                 generate_s=generate_s[-1] if generate_s else None,
                                 process=process)) + "\n")
+      self.mark = now
+
+    def on_save(self, args, state, control, **k):
+      now = time.perf_counter()
+      save_s.append(now - self.mark)
       self.mark = now
 
   output_dir = os.path.join(workdir, "trl")
@@ -377,7 +388,7 @@ def side_trl(settings: dict, workdir: str) -> dict:
                                if i == 0 or r["process"] != steps[i - 1]["process"]],
              reward=[h["reward"] for h in trainer.state.log_history if "reward" in h],
              generate_s=[r["generate_s"] for r in steps],
-             prompts=[r["prompts"] for r in steps],
+             prompts=[r["prompts"] for r in steps], save_s=save_s,
              expected_prompts=[[t["instance_id"] for t in order[i:i + settings["prompts"]]]
                                for i in range(0, len(order), settings["prompts"])])
   if settings["num_validation"] > 0:
@@ -760,7 +771,8 @@ def main():
         f"refit {mean(steady(dy['parts']['refit'])):.2f}); process {dy['process_s']:.0f} s, load "
         f"{dy['load'][0]} -> {dy['load'][1]}", flush=True)
   print(f"trl     : {tr['steps']} steps, step times {fmt(tr['step_s'])} s, mean without the first "
-        f"{tr_step:.2f} s (HF generate {mean(steady(tr['generate_s'], tr_firsts)):.2f}, the rest scoring + train); "
+        f"{tr_step:.2f} s (HF generate {mean(steady(tr['generate_s'], tr_firsts)):.2f}, the rest scoring + train; "
+        f"its checkpoint saves, left out, {mean(tr.get('save_s') or [0.0]):.2f} s each); "
         f"process {tr['process_s']:.0f} s, load {tr['load'][0]} -> {tr['load'][1]}", flush=True)
   print(f"shaped train reward per step: dockyard {[round(x, 3) for x in dy['reward']]}, "
         f"trl {[round(x, 3) for x in tr['reward']]}", flush=True)
