@@ -453,7 +453,10 @@ class Decoder(nnx.Module):
 
   def __call__(self, input_ids, attention_mask=None, positions=None, segment_ids=None,
                window: int | None = None):
-    x = self.hidden_states(input_ids, attention_mask, positions, segment_ids, window)
+    return self.logits(self.hidden_states(input_ids, attention_mask, positions, segment_ids, window))
+
+  def logits(self, x):
+    """The LM head (tied: the embedding's transpose) on hidden states [..., hidden]; fp32."""
     if self.lm_head is None:
       logits = x @ self.embed.embedding[...].astype(self.dtype).T
     else:

@@ -66,8 +66,11 @@ class JaxPolicy(Policy):
   def __init__(self, model, optimizer, mesh, rules, optim: Mapping[str, Any], total_steps: int,
                *, micro_batch_size: int, bucket: int = 64, source_dir: str | None = None,
                packing_row_tokens: int = 0, moe: moe_lib.MoEOptions = moe_lib.MoEOptions(),
-               lora_config: LoRAConfig | None = None):
+               lora_config: LoRAConfig | None = None, head_window: int = 0):
+    """`head_window` > 0: train steps run the LM head on that many positions of a row where
+    its loss positions fit (`_head_window`); 0: everywhere."""
     self.model, self.optimizer, self.mesh, self.rules = model, optimizer, mesh, tuple(rules)
+    self.head_window = int(head_window)
     self.lora_config = lora_config
     self.optim, self.total_steps = dict(optim), int(total_steps)
     self.micro_batch_size, self.bucket, self.source_dir = int(micro_batch_size), int(bucket), source_dir
@@ -121,7 +124,10 @@ class JaxPolicy(Policy):
                bucket=int(config.policy.seq_bucket), source_dir=path,
                packing_row_tokens=int(_get(config, "policy.packing_row_tokens", 0)),
                moe=moe_lib.MoEOptions.from_config(_get(config, "policy.moe", None)),
-               lora_config=lora_config)
+               lora_config=lora_config,
+               # A completion's tokens are the positions a GRPO loss reads: one window size
+               # for the whole run, so the window adds at most one compile per length bucket.
+               head_window=int(_get(config, "rollout.max_new_tokens", 0)))
 
   # --- batches -------------------------------------------------------------------------------
 
@@ -323,6 +329,31 @@ class JaxPolicy(Policy):
     lps = np.concatenate([np.asarray(o[1]) for o in outs])[:b, :t] * mask
     return ids.astype(np.int32), lps.astype(np.float32)
 
+  def _head_window(self, batch: TrainBatch, shape) -> jax.Array | None:
+    """Positions [n, mb, K] at which the train step runs the LM head (`train.windowed_logprobs`):
+    per row K = `head_window` consecutive positions from its first loss position (moved left
+    where the row's end would pass the padded length T; never 0). None, and the head runs
+    everywhere, where a row's span from first to last loss position exceeds K (multi-turn
+    episodes, long SFT targets), K exceeds T/2 (little to save), or the loss reads the full
+    logits (top-k distillation extras). K is the run's, so a length bucket compiles at most two
+    train steps per loss (the head on K positions, or on all)."""
+    if "topk_ids" in batch.extras or self.head_window <= 0:
+      return None
+    n, mb, t = shape
+    lm = np.asarray(batch.loss_mask) > 0
+    has = lm.any(axis=1)
+    if not has.any():
+      return None
+    first = np.where(has, lm.argmax(axis=1), 1)
+    last = np.where(has, lm.shape[1] - 1 - lm[:, ::-1].argmax(axis=1), 1)
+    k = self.head_window
+    if int((last - first).max()) + 1 > k or 2 * k > t:
+      return None
+    starts = np.ones(n * mb, np.int64)                     # padding rows: any K distinct positions
+    starts[:len(first)] = np.clip(first, 1, t - k)
+    window = (starts[:, None] + np.arange(k)[None, :]).astype(np.int32).reshape(n, mb, k)
+    return jax.device_put(window, shd.batch_sharding(self.mesh, self.rules, 3, batch_dim=1, token_dim=None))
+
   def train_step(self, batch: TrainBatch, loss_fn: LossFn) -> dict[str, float]:
     """One step; `loss_fn` is a jit static argument: pass the same callable each step."""
     if self.packing_row_tokens and "topk_ids" in batch.extras:
@@ -338,6 +369,9 @@ class JaxPolicy(Policy):
       metrics = self._train_step_budget(batch, loss_fn, totals)
     else:
       stacked, _ = self._stack_packed(batch) if self.packing_row_tokens else self._stack(batch)
+      window = None if self.packing_row_tokens else self._head_window(batch, stacked["input_ids"].shape)
+      if window is not None:
+        stacked["head_window"] = window
       stacked["totals"] = totals
       metrics = train.train_step(self.model, self.optimizer, stacked, loss_fn, self.moe)
     out = {k: float(v) for k, v in jax.device_get(metrics).items()}

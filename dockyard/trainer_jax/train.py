@@ -134,6 +134,21 @@ def packed_logprobs(model: Decoder, mb: Mapping[str, Any], temperature=1.0):
   return jnp.take(rows.reshape(-1), mb["gather"], axis=0) * mb["valid"]
 
 
+def windowed_logprobs(model: Decoder, mb: Mapping[str, Any], temperature=1.0):
+  """Logprobs [R, T] like `token_logprobs` of the full logits, but the LM head and its
+  log-softmax over the vocabulary run only at `mb['head_window']` [R, K]: per row K distinct
+  positions >= 1 that cover every position its loss reads (`JaxPolicy._head_window`); 0 elsewhere.
+  At prompt positions nothing reads a logprob, and on a small model the head is much of the step
+  (SmolLM2-135M: 28M of 135M parameters over a 49,152-token vocabulary)."""
+  ids, pos = mb["input_ids"], mb["head_window"]
+  h = model.hidden_states(ids, mb["attention_mask"])
+  h = jnp.take_along_axis(h, (pos - 1)[..., None], axis=1)          # position t reads hidden t-1
+  logp = jax.nn.log_softmax(model.logits(h) / temperature, axis=-1)
+  picked = jnp.take_along_axis(logp, jnp.take_along_axis(ids, pos, axis=1)[..., None], axis=-1)[..., 0]
+  rows = jnp.arange(ids.shape[0])[:, None]
+  return jnp.zeros(ids.shape, picked.dtype).at[rows, pos].set(picked, unique_indices=True)
+
+
 def _micro_grads(graphdef, rest, loss_fn, moe: moe_lib.MoEOptions, sparse: bool, totals,
                  temperature, num_micro):
   """`summed(params, rngs, mb) -> (((loss, (metrics, router)), grads), rngs)`: one micro-batch's
@@ -157,6 +172,8 @@ def _micro_grads(graphdef, rest, loss_fn, moe: moe_lib.MoEOptions, sparse: bool,
     extras = {**mb["extras"], **totals}
     if "segment_ids" in mb:   # packed rows: score them, then gather back to [S, T] (sequences)
       logprobs = packed_logprobs(m, mb, temperature)
+    elif "head_window" in mb:   # the head only where the loss reads (never with top-k extras)
+      logprobs = windowed_logprobs(m, mb, temperature)
     else:
       logits = m(mb["input_ids"], mb["attention_mask"]) / temperature
       logprobs = token_logprobs(logits, mb["input_ids"])
@@ -201,7 +218,8 @@ def train_step(model: Decoder, optimizer: nnx.Optimizer, batch: Mapping[str, Any
                moe: moe_lib.MoEOptions = moe_lib.MoEOptions()):
   """One optimizer step over stacked micro-batches; returns summed loss/metrics + grad_norm.
 
-  batch: input_ids / attention_mask / loss_mask [n, mb, T]; extras: name -> [n, mb, ...]; or,
+  batch: input_ids / attention_mask / loss_mask [n, mb, T]; extras: name -> [n, mb, ...];
+  optionally head_window [n, mb, K] (`windowed_logprobs`); or,
   packed, PACKED_KEYS (rows [n, R, L], gather / valid [n, S, T]) with loss_mask [n, S, T] and
   extras [n, S, ...] laid out by sequence;
   totals: {'total_tokens', 'total_sequences'} scalars added to every micro-batch's extras;
@@ -221,7 +239,8 @@ def train_step(model: Decoder, optimizer: nnx.Optimizer, batch: Mapping[str, Any
   summed = _micro_grads(graphdef, rest, loss_fn, moe, model.config.is_moe, batch["totals"],
                         temperature, num_micro)
 
-  keys = PACKED_KEYS if "segment_ids" in batch else ("input_ids", "attention_mask")
+  keys = PACKED_KEYS if "segment_ids" in batch else ("input_ids", "attention_mask") + (
+      ("head_window",) if "head_window" in batch else ())
   micro = {k: batch[k] for k in keys + ("loss_mask", "extras")}
   first = jax.tree.map(lambda x: x[0], micro)
   out_shape = jax.eval_shape(summed, params, rngs, first)[0]
