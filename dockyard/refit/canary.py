@@ -63,15 +63,22 @@ class RefitCanary:
     return cls(ids, max_abs_logprob_delta, max_mean_abs_logprob_delta)
 
   def _score(self, policy: Policy, generator) -> tuple[np.ndarray, np.ndarray]:
-    """Both sides' probe logprobs; the engine scores in a thread while the trainer scores here
-    (engines in other processes or on other machines: the canary takes the longer of the two,
-    not their sum)."""
+    """Both sides' probe logprobs. Engines in other processes (a Ray fleet) score in a thread
+    while the trainer scores here, so the canary takes the longer of the two, not their sum; an
+    engine in this process scores on this thread (CPU vLLM's attention checks that it runs with
+    the OpenMP thread count it was set up with, which a new thread does not have)."""
     ids = self.probe_ids
     ones = np.ones_like(ids)
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="canary") as pool:
-      engine_rows = pool.submit(generator.prompt_logprobs, ids.tolist())
-      trainer = np.asarray(policy.logprobs(TrainBatch(ids, ones, ones)), np.float64)[:, 1:]
-      engine = np.stack([np.asarray(r, np.float64) for r in engine_rows.result()])[:, 1:]
+    probe = TrainBatch(ids, ones, ones)
+    if getattr(generator, "in_process", True):
+      engine_rows = generator.prompt_logprobs(ids.tolist())
+      trainer = np.asarray(policy.logprobs(probe), np.float64)[:, 1:]
+    else:
+      with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="canary") as pool:
+        pending = pool.submit(generator.prompt_logprobs, ids.tolist())
+        trainer = np.asarray(policy.logprobs(probe), np.float64)[:, 1:]
+        engine_rows = pending.result()
+    engine = np.stack([np.asarray(r, np.float64) for r in engine_rows])[:, 1:]
     return trainer, engine
 
   @staticmethod
