@@ -772,7 +772,7 @@ def main():
         f"{dy['load'][0]} -> {dy['load'][1]}", flush=True)
   print(f"trl     : {tr['steps']} steps, step times {fmt(tr['step_s'])} s, mean without the first "
         f"{tr_step:.2f} s (HF generate {mean(steady(tr['generate_s'], tr_firsts)):.2f}, the rest scoring + train; "
-        f"its checkpoint saves, left out, {mean(tr.get('save_s') or [0.0]):.2f} s each); "
+        f"its checkpoint saves, left out, {mean(tr.get('save_s', [])):.2f} s each); "
         f"process {tr['process_s']:.0f} s, load {tr['load'][0]} -> {tr['load'][1]}", flush=True)
   print(f"shaped train reward per step: dockyard {[round(x, 3) for x in dy['reward']]}, "
         f"trl {[round(x, 3) for x in tr['reward']]}", flush=True)

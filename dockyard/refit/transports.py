@@ -55,17 +55,10 @@ class InProcessTransport(Transport):
     return sum(a.nbytes for _, a in named)
 
 
-class ObjectStoreTransport(Transport):
-  """For `RolloutFleet`: one `ray.put` shared by every engine (and kept for restarted engines)."""
+class ObjectStoreTransport(InProcessTransport):
+  """For `RolloutFleet`: the same hand-over of arrays, to the fleet, whose `update_weights` makes
+  one `ray.put` shared by every engine (and kept for restarted engines)."""
   name = "object_store"
-
-  def __init__(self, fleet):
-    self.fleet = fleet
-
-  def send(self, named, version):
-    named = _materialize(named)
-    self.fleet.update_weights(named, version)
-    return sum(a.nbytes for _, a in named)
 
 
 class SharedMemoryTransport(Transport):

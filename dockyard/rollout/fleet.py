@@ -352,8 +352,10 @@ class RolloutFleet(Generator):
     kept for restarted engines. Ray writes a C- or Fortran-contiguous array into the store with
     one copy and an engine on this node maps it without one (the name map's transposed views of
     the JAX kernels are Fortran-contiguous); any other layout is made C-contiguous first."""
-    named = [(name, a if a.flags.c_contiguous or a.flags.f_contiguous else np.ascontiguousarray(a))
-             for name, a in ((n, np.asarray(t)) for n, t in named_tensors)]
+    named = []
+    for name, tensor in named_tensors:
+      a = np.asarray(tensor)
+      named.append((name, a if a.flags.c_contiguous or a.flags.f_contiguous else np.ascontiguousarray(a)))
     ref = self._ray.put(named)
     del named
     self._loaded(self._ray.get([a.update_weights.remote(ref, version) for a in self.actors]), version)
