@@ -2,7 +2,7 @@
 
   python bench/async_vs_sync.py --quick              # math env, < 60 s on a 2-core CPU machine
   python bench/async_vs_sync.py --smoke              # 1 step x 2 prompts x 2 samples, seconds (CI)
-  python bench/async_vs_sync.py --env swe --quick    # the SWE default, 3 steps x 4 x 8 (~2.5 min here)
+  python bench/async_vs_sync.py --env swe --quick    # the SWE default, 2 steps x 4 x 8 (~55 s here, cached)
   python bench/async_vs_sync.py --env swe            # the SWE default, 10 steps x 4 x 8
   python bench/async_vs_sync.py --env swe --smoke    # 1 step x 2 x 4 after 10 SFT steps (~80 s, CI)
 
@@ -24,7 +24,9 @@ diff (the env would mark every completion malformed without calling the sandbox)
 first warm-started as the default does (grpo.sft_warmup: SFT on the gold compact patches, its lr
 and batch, 120 steps; `--warmup`), once, and the result is cached under
 ~/.cache/dockyard/bench/async_vs_sync_swe/ (keyed by model, data and settings; `--no_cache` redoes
-it; ~2.5 min here the first time). Every run (a 1-step warm-up that compiles the train step, then
+it; ~2.5 min here the first time); the jitted steps go to JAX's persistent compilation cache
+(~/.cache/dockyard/bench/jax_compilation_cache/), so a rerun's warm-up loads them. Every run (a
+1-step warm-up that compiles the train step, with 16 new tokens as it only has to compile, then
 sync, then async) restores that checkpoint first. Batches are padded to one length (the longest
 prompt + max_new_tokens) so the train step compiles once, in the warm-up. Each run prints how many
 completions reached the sandbox (the rest were malformed: no diff that parses). The smoke's 10 SFT
@@ -103,7 +105,8 @@ def main():
   p.add_argument("--max_new_tokens", type=int, default=None)
   p.add_argument("--warmup", type=int, default=None, help="swe: SFT warm-start steps (cached)")
   p.add_argument("--no_pin", action="store_true", help="swe: do not pin the fleets to cores")
-  p.add_argument("--no_cache", action="store_true", help="swe: redo the SFT warm start even when cached")
+  p.add_argument("--no_cache", action="store_true",
+                 help="swe: redo the SFT warm start even when cached, and compile without JAX's persistent cache")
   args = p.parse_args()
   if args.env == "swe":
     return main_swe(args, p)
@@ -208,9 +211,12 @@ def main():
 # 256 in every mode: a compact gold patch is 119-203 tokens, so fewer would truncate every diff and
 # no completion would reach the sandbox.
 SWE_SIZES = dict(smoke=dict(steps=1, prompts=2, generations=4, max_new_tokens=256, warmup=10),
-                 quick=dict(steps=3, prompts=4, generations=8, max_new_tokens=256, warmup=120),
+                 quick=dict(steps=2, prompts=4, generations=8, max_new_tokens=256, warmup=120),
                  full=dict(steps=10, prompts=4, generations=8, max_new_tokens=256, warmup=120))
 WARM_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "dockyard", "bench", "async_vs_sync_swe")
+# JAX's persistent compilation cache for the SWE mode's jitted steps (a rerun loads them instead of
+# compiling again: ~4 s of the warm-up step); `--no_cache` leaves it off.
+JAX_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "dockyard", "bench", "jax_compilation_cache")
 
 
 def pin_process(pid: int, cores) -> int:
@@ -380,6 +386,12 @@ def main_swe(args, p):
 
   import contextlib
 
+  import jax
+  jax_cache = not args.no_cache
+  if jax_cache:
+    jax.config.update("jax_compilation_cache_dir", JAX_CACHE)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
   from dockyard import policy_factory, runner
   from dockyard.grpo.loop import grpo_train
   from dockyard.grpo.source import make_source
@@ -398,23 +410,28 @@ def main_swe(args, p):
     urls, sandbox = start_local_fleet(config)             # the local sandbox fleet (env.code.sandbox_urls empty)
     stack.callback(sandbox.shutdown)
     env, train = runner.worker_env(config, urls, tokenizer)   # build_env on that fleet
-    fleet = RolloutFleet(config, model_path)              # one CPU vLLM engine, a Ray actor
-    stack.callback(fleet.shutdown)
-    engine_pid = fleet.engine_pids()[0]
-    sandbox_pid = ray.get(sandbox.actors[0].__ray_call__.remote(lambda self: os.getpid()))
-    if pin:
-      pin_process(me, trainer_cores)
-      for pid in (engine_pid, sandbox_pid):
-        pin_process(pid, fleet_cores)
-    slots = int(sandbox_counters(urls[0]).get("slots", 0))
     # One compiled train step: every batch padded to the longest sequence a step can hold (the
     # longest prompt + max_new_tokens, to a multiple of 64); the default's 64-token buckets would
     # compile new lengths inside the timed runs (and the first run would pay for the second's).
     longest = max(len(encode_prompt(tokenizer, env.prompt_messages(t))) for t in train)
     config.policy.seq_bucket = -(-(longest + args.max_new_tokens) // 64) * 64
-    policy = policy_factory.make_policy(config, model_path)
-    losses = policy_factory.make_losses(config)   # one pair for all runs: a static argument of the jitted step
-    update = policy_factory.make_update(config, tokenizer)
+    if pin:   # Ray's daemons (and so the actors they start) are on the fleets' cores already
+      pin_process(me, trainer_cores)
+    # The vLLM engine (a Ray actor, on the fleets' cores) starts while this process builds the policy.
+    import concurrent.futures
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+      starting = pool.submit(RolloutFleet, config, model_path)   # one CPU vLLM engine, a Ray actor
+      policy = policy_factory.make_policy(config, model_path)
+      losses = policy_factory.make_losses(config)   # one pair for all runs: a static argument of the jitted step
+      update = policy_factory.make_update(config, tokenizer)
+      fleet = starting.result()
+    stack.callback(fleet.shutdown)
+    engine_pid = fleet.engine_pids()[0]
+    sandbox_pid = ray.get(sandbox.actors[0].__ray_call__.remote(lambda self: os.getpid()))
+    if pin:
+      for pid in (engine_pid, sandbox_pid):
+        pin_process(pid, fleet_cores)
+    slots = int(sandbox_counters(urls[0]).get("slots", 0))
     with open(os.path.join(ROOT, config.data.train)) as f:
       n_tasks = sum(1 for line in f if line.strip())
     print(f"SWE default (configs/swe.py, variant tiny): {n_tasks} tasks, {config.sandbox.num_executors} sandbox "
@@ -438,10 +455,12 @@ def main_swe(args, p):
                   trainer_core=core_busy_s(trainer_cores), fleet_core=core_busy_s(fleet_cores),
                   sandbox_cpu=cpu_s(sandbox_pid, children=True), **sandbox_counters(urls[0]))
 
-    def run(is_async, steps, workdir):
+    def run(is_async, steps, workdir, max_new_tokens=None):
       run_config = config.copy_and_resolve_references()
       run_config.grpo.max_num_steps = steps
       run_config.grpo.async_grpo.enabled = is_async
+      if max_new_tokens:
+        run_config.rollout.max_new_tokens = max_new_tokens
       policy.restore(warm_dir)          # same weights, optimizer state and step for every run
       sync = create_weight_synchronizer(run_config, policy, fleet)
       refit(sync)                       # the engine starts every run from the same weights
@@ -473,9 +492,16 @@ def main_swe(args, p):
       groups = source.collector.stats.generated_groups if is_async else steps * args.prompts
       return dict(wall=wall, rows=rows, d=d, completions=groups * args.generations, split=split)
 
-    run(False, 1, os.path.join(tmp, "warmup"))            # compiles the GRPO step; engine warm-up
+    # Compiles the GRPO step (batches padded to seq_bucket whatever the completions' length, so 16
+    # new tokens compile the same step as 256 and skip most of a step's generation and scoring).
+    t_warm = time.perf_counter()
+    run(False, 1, os.path.join(tmp, "warmup"), max_new_tokens=16)
+    print(f"warm-up step (compiles the train step{', or loads it from ' + JAX_CACHE if jax_cache else ''}): "
+          f"{time.perf_counter() - t_warm:.1f} s", flush=True)
     sync = run(False, args.steps, os.path.join(tmp, "sync"))
     asyn = run(True, args.steps, os.path.join(tmp, "async"))
+    t_down = time.perf_counter()
+  print(f"shutdown (engine, sandbox fleet, Ray): {time.perf_counter() - t_down:.1f} s", flush=True)
   load1 = os.getloadavg()
 
   print(f"config: {args.steps} steps x {args.prompts} prompts x {args.generations} samples, max_new_tokens "
@@ -517,10 +543,12 @@ def main_swe(args, p):
         f"sync run); this bench's processes used {ours['sync']:.2f} cores (sync) and {ours['async']:.2f} (async) "
         f"of {len(cores)}: overlap only pays where the other side's core would sit idle")
   if pin:
-    idle, busy = core_interference(trainer_cores, fleet_cores)
+    t_probe = time.perf_counter()
+    rounds = 1 if args.quick or args.smoke else 3   # quick: one round of 0.5 s each way (~1 s, not ~6.5 s)
+    idle, busy = core_interference(trainer_cores, fleet_cores, rounds=rounds, seconds=0.5 if rounds == 1 else 1.0)
     print(f"core independence: matmuls/s on the trainer's core(s) {idle:.0f} with the fleets' core(s) idle, "
           f"{busy:.0f} while they run matmuls ({busy / idle:.2f} x; separate machines: 1.00 x; other jobs' load "
-          f"moves it)")
+          f"moves it; {rounds} round(s), {time.perf_counter() - t_probe:.1f} s)")
   print(f"total bench time {time.perf_counter() - t_all:.1f} s")
   print(f"RESULT async_speedup {sync['wall'] / asyn['wall']:.3f} x")
 

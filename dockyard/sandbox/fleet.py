@@ -68,10 +68,18 @@ class _ExecutorServer:
       time.sleep(0.05)
     raise RuntimeError(f"executor failed to start: {self._error!r}")
 
-  def stop(self) -> None:
-    if getattr(self, "_server", None) is not None:
-      self._server.should_exit = True
-      self._thread.join(10)
+  def stop(self, grace_s: float = 1.0) -> None:
+    """Stops serving. Requests in flight get `grace_s` to finish; then the server exits without
+    waiting for the rest (queued verdicts of a run that has ended), which cancels them: each
+    running sandbox is killed by its `exec`. Without the cut, a stop after an async run waited
+    for every verdict still queued (10 s, the join's limit, in bench/async_vs_sync.py)."""
+    server = getattr(self, "_server", None)
+    if server is not None:
+      server.should_exit = True
+      self._thread.join(grace_s)
+      if self._thread.is_alive():
+        server.force_exit = True
+        self._thread.join(10)
 
 
 def _bind(host: str, port: int):

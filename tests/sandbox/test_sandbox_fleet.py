@@ -54,3 +54,65 @@ def test_two_executors_asked_for_one_port_on_one_host_both_serve(tmp_path):
   finally:
     for s in servers:
       s.stop()
+
+
+def _children(pid: int) -> list[tuple[int, str]]:
+  """(pid, name) of the live processes whose parent is `pid`."""
+  import os
+  out = []
+  for p in os.listdir("/proc"):
+    try:
+      with open(f"/proc/{p}/stat") as f:
+        stat = f.read()
+    except OSError:
+      continue
+    name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+    if int(rest[1]) == pid and rest[0] != "Z":
+      out.append((int(p), name))
+  return out
+
+
+def test_stop_does_not_wait_for_a_long_poll_or_a_running_verdict(workspace):
+  """A run's end stops its executors while a client may still hold a /task/wait long-poll and
+  verdicts may still run (groups an async collector generated ahead): the stop takes its grace
+  and then cancels them, killing the running sandbox, instead of serving them out."""
+  import json
+  import os
+  import threading
+  import time
+  import urllib.request
+
+  from dockyard.sandbox.fleet import _ExecutorServer
+  slow = rf.src_patch(rf.CORE_FIXED + "\n\nimport time\ntime.sleep(60)\n")
+  server = _ExecutorServer("127.0.0.1", 0, 1, 8, {"timeout_s": 120}, workspace["repos"], workspace["cache"])
+  url = server.url()
+
+  def post(path, body, timeout=90):
+    req = urllib.request.Request(url + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+      return json.load(r)
+
+  ids = post("/task/submit", [rf.task(workspace["base"], slow, instance_id=f"stop-{i}") for i in range(3)])["ids"]
+  poll = threading.Thread(target=lambda: _swallow(lambda: post("/task/wait", {"ids": ids, "timeout": 60})),
+                          daemon=True)
+  poll.start()
+  deadline = time.monotonic() + 60
+  while not any(n == "bwrap" for _, n in _children(os.getpid())):   # the first verdict's sandbox runs
+    assert time.monotonic() < deadline, "no sandbox started"
+    time.sleep(0.1)
+  t0 = time.monotonic()
+  server.stop()
+  took = time.monotonic() - t0
+  assert took < 8, f"stop took {took:.1f} s"
+  deadline = time.monotonic() + 10
+  while [c for c in _children(os.getpid()) if c[1] in ("bwrap", "nsenter")]:
+    assert time.monotonic() < deadline, f"sandboxes left running: {_children(os.getpid())}"
+    time.sleep(0.1)
+
+
+def _swallow(f):
+  try:
+    f()
+  except Exception:
+    pass
