@@ -1,6 +1,6 @@
 r"""dockyard's GRPO beside TRL's `GRPOTrainer`: the same weights, prompts, reward and settings.
 
-  python bench/peer_trl.py --quick      # speed only, 3 steps each side, real model
+  python bench/peer_trl.py --quick      # speed only, 2 steps each side, real model (< 1 min here)
   python bench/peer_trl.py --smoke      # the smallest size: a tiny local model (CI)
   python bench/peer_trl.py --seed=S --workdir=DIR --report=rS.json   # learning + speed (est. ~1.5 h here)
   python bench/peer_trl.py --summarize r0.json r1.json r2.json        # mean +- sd over seeds
@@ -132,11 +132,15 @@ SIZES = {
                  num_train=4000, num_validation=200, min_operand=10, max_operand=99, ops="+-",
                  instruction="End your reply with 'Answer: <number>'.", temperature=0.5,
                  max_seq_len=128, max_model_len=256, lr=1e-5, beta=0.0),
-    # speed only, as measured in docs/peer_trl.md (two-digit sums, T=1, a KL term)
-    "quick": dict(steps=3, prompts=2, generations=4, max_new_tokens=16, micro_batch=8,
+    # speed only, as measured in docs/peer_trl.md (two-digit sums, T=1). No KL term since
+    # 2026-12-07, as in the full size (the reference forward skipped on both sides; with it, the
+    # reference's build and first forward made dockyard's process ~5 s longer; --smoke keeps it,
+    # so CI runs the KL mapping). 2 steps a side (under a minute here): the ratio is of
+    # each side's second step, the first (compilation, warm-up) left out.
+    "quick": dict(steps=2, prompts=2, generations=4, max_new_tokens=16, micro_batch=8,
                   num_train=200, num_validation=0, min_operand=10, max_operand=99, ops="+",
                   instruction="", temperature=1.0,
-                  max_seq_len=128, max_model_len=256, lr=5e-6, beta=0.01),
+                  max_seq_len=128, max_model_len=256, lr=5e-6, beta=0.0),
     # tiny model: a 0.5M-parameter Qwen2 made locally, single-digit sums; speed only (the
     # held-out evaluation adds a third child, ~2 min under load: `--smoke --num_validation=4`)
     "smoke": dict(steps=2, prompts=2, generations=2, max_new_tokens=4, micro_batch=4,
@@ -214,9 +218,11 @@ def trl_args(settings: dict, config, output_dir: str):
       temperature=float(rollout.temperature), top_p=float(rollout.top_p), top_k=0,
       max_completion_length=int(rollout.max_new_tokens), use_vllm=False,
       shuffle_dataset=False, remove_unused_columns=False, dataloader_num_workers=0,
-      # A checkpoint (weights, optimizer, scheduler, RNG, log history) after every step, the newest
-      # kept: a cut-off TRL side resumes from it (`side_trl`), so a seed can span sessions.
-      logging_steps=1, save_strategy="steps", save_steps=1, save_total_limit=1, save_only_model=False,
+      # A learning run: a checkpoint (weights, optimizer, scheduler, RNG, log history) after every
+      # step, the newest kept: a cut-off TRL side resumes from it (`side_trl`), so a seed can span
+      # sessions. Speed only (--quick, --smoke: no held-out evaluation): none (~1.9 s a step here).
+      logging_steps=1, save_strategy="steps" if settings["num_validation"] else "no", save_steps=1,
+      save_total_limit=1, save_only_model=False,
       report_to="none", disable_tqdm=True)
 
 
@@ -236,8 +242,17 @@ def read_metrics(workdir: str) -> list[dict]:
     return [json.loads(line) for line in f if line.strip()]
 
 
+# JAX's persistent compilation cache for the dockyard side's jitted steps: a rerun loads them (its
+# first step, left out of the mean, gets shorter; the steady steps do not change).
+JAX_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "dockyard", "bench", "jax_compilation_cache")
+
+
 def side_dockyard(settings: dict, workdir: str) -> dict:
+  import jax
+
   from dockyard import runner, workdir as workdir_lib
+  jax.config.update("jax_compilation_cache_dir", JAX_CACHE)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
   config = dockyard_config(settings)
   paths = workdir_lib.prepare(workdir, config)
   t0 = time.perf_counter()
@@ -772,7 +787,7 @@ def main():
         f"{dy['load'][0]} -> {dy['load'][1]}", flush=True)
   print(f"trl     : {tr['steps']} steps, step times {fmt(tr['step_s'])} s, mean without the first "
         f"{tr_step:.2f} s (HF generate {mean(steady(tr['generate_s'], tr_firsts)):.2f}, the rest scoring + train; "
-        f"its checkpoint saves, left out, {mean(tr.get('save_s', [])):.2f} s each); "
+        f"its checkpoint saves, left out, {mean(tr.get('save_s', [])):.2f} s each (nan: none)); "
         f"process {tr['process_s']:.0f} s, load {tr['load'][0]} -> {tr['load'][1]}", flush=True)
   print(f"shaped train reward per step: dockyard {[round(x, 3) for x in dy['reward']]}, "
         f"trl {[round(x, 3) for x in tr['reward']]}", flush=True)

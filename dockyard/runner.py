@@ -158,8 +158,12 @@ def model_and_tokenizer(config) -> tuple[str, Any]:
   """The run's model directory (`resolve_model`) and its tokenizer, as the "model" component."""
   with component("model", "preparing the model and its tokenizer"):
     model_path = resolve_model(config)
-    import transformers
-    return model_path, transformers.AutoTokenizer.from_pretrained(model_path)
+    return model_path, load_tokenizer(model_path)
+
+
+def load_tokenizer(model_path: str):
+  import transformers
+  return transformers.AutoTokenizer.from_pretrained(model_path)
 
 
 def preference_pairs(config) -> tuple[list, list]:
@@ -379,15 +383,29 @@ def run(config, paths: dict[str, str]) -> None:
       ray = ray_utils.init_ray(config.run.ray_address)
       stack.callback(ray.shutdown)
       ray_utils.check_driver_node(ray)   # on a cluster with fleet roles: the trainer's node
-    model_path, tokenizer = model_and_tokenizer(config)
+    with component("model", "preparing the model"):
+      model_path = resolve_model(config)
+    # The engines start now, in their own processes (Ray actors; vLLM's import alone takes ~6 s
+    # here), while this process loads the tokenizer, builds the env and the trainer; a thread only
+    # waits for them. With the packaged 135M model: set-up 18.5 s one after the other, ~14.5 s so.
+    import concurrent.futures
+
+    from dockyard.rollout.fleet import RolloutFleet
+    pool = stack.enter_context(concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rollout-start"))
+    starting = pool.submit(RolloutFleet, config, model_path)
+
+    def engines():
+      with component("rollout", "waiting for the vLLM rollout engines to start"):
+        generator = starting.result()
+        stack.callback(generator.shutdown)
+        return generator
+    with component("model", "loading the tokenizer"):
+      tokenizer = load_tokenizer(model_path)
     with component("env"):
       env, train_tasks, val_tasks, test_tasks = build_env(config, tokenizer, stack)
       env = reward_model_env(config, env)
     if config.run.mode == "eval":   # generation only: no trainer (its weights and memory), no refit
-      with component("rollout", "starting the vLLM rollout engines"):
-        from dockyard.rollout.fleet import RolloutFleet
-        generator = RolloutFleet(config, model_path)
-        stack.callback(generator.shutdown)
+      generator = engines()
       from dockyard import eval as eval_lib
       eval_lib.evaluate(config, generator=generator, env=env, tokenizer=tokenizer, tasks=test_tasks,
                         workdir=paths["workdir"])
@@ -395,10 +413,7 @@ def run(config, paths: dict[str, str]) -> None:
     with component("trainer", f"building the {config.policy.backend} trainer"):
       from dockyard import policy_factory
       policy = policy_factory.make_policy(config, model_path)
-    with component("rollout", "starting the vLLM rollout engines"):
-      from dockyard.rollout.fleet import RolloutFleet
-      generator = RolloutFleet(config, model_path)
-      stack.callback(generator.shutdown)
+    generator = engines()
     with component("refit", "connecting the trainer to the engines"):
       from dockyard.refit.synchronizer import create_weight_synchronizer
       synchronizer = create_weight_synchronizer(config, policy, generator)
