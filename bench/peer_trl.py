@@ -193,8 +193,9 @@ def dockyard_config(settings: dict):
   return config
 
 
-def trl_args(settings: dict, config, output_dir: str):
-  """The `GRPOConfig` that mirrors `config` (see the module docstring, field by field)."""
+def trl_args(settings: dict, config, output_dir: str, checkpoints: bool = False):
+  """The `GRPOConfig` that mirrors `config` (see the module docstring, field by field);
+  `checkpoints`: save one after every step (a run in a --workdir, which a rerun resumes)."""
   from trl import GRPOConfig
   grpo, loss, optim, rollout = config.grpo, config.loss_fn, config.optim, config.rollout
   batch = grpo.num_prompts_per_step * grpo.num_generations_per_prompt
@@ -218,10 +219,10 @@ def trl_args(settings: dict, config, output_dir: str):
       temperature=float(rollout.temperature), top_p=float(rollout.top_p), top_k=0,
       max_completion_length=int(rollout.max_new_tokens), use_vllm=False,
       shuffle_dataset=False, remove_unused_columns=False, dataloader_num_workers=0,
-      # A learning run: a checkpoint (weights, optimizer, scheduler, RNG, log history) after every
+      # In a --workdir: a checkpoint (weights, optimizer, scheduler, RNG, log history) after every
       # step, the newest kept: a cut-off TRL side resumes from it (`side_trl`), so a seed can span
-      # sessions. Speed only (--quick, --smoke: no held-out evaluation): none (~1.9 s a step here).
-      logging_steps=1, save_strategy="steps" if settings["num_validation"] else "no", save_steps=1,
+      # sessions. In a temporary directory (nothing resumes it): none (~1.9 s a step here).
+      logging_steps=1, save_strategy="steps" if checkpoints else "no", save_steps=1,
       save_total_limit=1, save_only_model=False,
       report_to="none", disable_tqdm=True)
 
@@ -310,7 +311,7 @@ def score_for_trl(env, by_id, shaping, loop, completions, completion_ids, instan
                           for r, ids in zip(rewards, completion_ids)]
 
 
-def side_trl(settings: dict, workdir: str) -> dict:
+def side_trl(settings: dict, workdir: str, save_checkpoints: bool) -> dict:
   import torch
   from transformers import AutoTokenizer, TrainerCallback
   from trl import GRPOTrainer
@@ -367,7 +368,7 @@ def side_trl(settings: dict, workdir: str) -> dict:
   tokenizer = AutoTokenizer.from_pretrained(settings["model_dir"])
   t0 = time.perf_counter()
   trainer = GRPOTrainer(model=settings["model_dir"], reward_funcs=[math_reward],
-                        args=trl_args(settings, config, output_dir),
+                        args=trl_args(settings, config, output_dir, save_checkpoints),
                         train_dataset=dataset, processing_class=tokenizer, callbacks=[StepRecorder()])
   setup_s = time.perf_counter() - t0
   # TRL reports no per-part times without wandb; time its generation call (private, one per step).
@@ -704,6 +705,7 @@ def main():
   p.add_argument("--_workdir", default="", help=argparse.SUPPRESS)
   p.add_argument("--_out", default="", help=argparse.SUPPRESS)
   p.add_argument("--_eval_dir", default="", help=argparse.SUPPRESS)
+  p.add_argument("--_checkpoints", action="store_true", help=argparse.SUPPRESS)
   args = p.parse_args()
 
   if args._child:
@@ -712,7 +714,7 @@ def main():
     if args._child == "dockyard":
       result = side_dockyard(settings, os.path.join(args._workdir, "dockyard"))
     elif args._child == "trl":
-      result = side_trl(settings, os.path.join(args._workdir, "trl"))
+      result = side_trl(settings, os.path.join(args._workdir, "trl"), args._checkpoints)
     elif args._child == "step_check":
       result = side_step_check(settings, os.path.join(args._workdir, "step_check"))
     else:
@@ -769,7 +771,7 @@ def main():
           json.dump(dict(size=size, settings=settings, step_check=result), f, indent=2)
       return
     dy = run_child("dockyard", spec_path, workdir)
-    tr = run_child("trl", spec_path, workdir)
+    tr = run_child("trl", spec_path, workdir, ["--_checkpoints"] if args.workdir else [])
     ev = run_child("eval", spec_path, workdir, [f"--_eval_dir={tr['final_dir']}"]) if learn else None
 
   if tr["prompts"] != tr["expected_prompts"]:
