@@ -64,7 +64,7 @@ def get_config(arg=None):
   config.rm = dict(
       num_steps=20,
       num_pairs_per_step=16,
-      val_period=5,         # score the held-out pairs every this many steps (and at 0); 0: never
+      val_period=5,         # score the held-out pairs every this many steps (and at 0 and the last); 0: never
   )
 
   # env: the arithmetic task set the default pairs are made from (configs/math.py's tiny one).

@@ -3,7 +3,7 @@
 Through the `RewardModel` seam, whichever backend: per step, `rm.num_pairs_per_step` pairs
 (`dpo.data.PairSampler`: seeded epochs, a function of the step) packed interleaved
 (`rm.data.make_batch`) -> `model.train_step` with the Bradley-Terry loss -> every
-`rm.val_period` steps (and at step 0) the held-out pairs scored with `model.rewards` and the
+`rm.val_period` steps (and at step 0 and the last) the held-out pairs scored with `model.rewards` and the
 NumPy spec (`rm.loss_spec.reward_loss`) evaluated on them: `val/loss`, `val/accuracy` (the
 fraction of held-out pairs with r_chosen > r_rejected), `val/rewards_*`, `val/reward_margin`.
 One metrics row per step (`train/*`, `val/*`, `time/*`) to metrics.jsonl and TensorBoard, a PNG
@@ -56,7 +56,7 @@ class HeldOut:
 def rm_train(config, *, model: RewardModel, tokenizer, train_pairs: Sequence[data_lib.MarginPair],
              val_pairs: Sequence[data_lib.MarginPair], workdir: str, loss_fn: RewardLossFn) -> RmResult:
   """`config.rm.num_steps` steps of `loss_fn` (`policy_factory.make_reward_loss(config)`, the
-  model's backend), validating every `rm.val_period`; saves the model to <workdir>/reward_model."""
+  model's backend), validating at step 0, every `rm.val_period` steps and at the last; saves the model to <workdir>/reward_model."""
   rm = config.rm
   pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
   max_len = int(config.policy.max_seq_len)
@@ -84,7 +84,7 @@ def rm_train(config, *, model: RewardModel, tokenizer, train_pairs: Sequence[dat
       t0 = time.perf_counter()
       metrics = {f"train/{k}": float(v) for k, v in model.train_step(batch, loss_fn).items()}
       metrics["time/train"] = time.perf_counter() - t0
-      if held_out is not None and step % int(rm.val_period) == 0:
+      if held_out is not None and (step % int(rm.val_period) == 0 or step == int(rm.num_steps)):
         metrics.update(validate(step))
       metrics["time/step"] = time.perf_counter() - t_step
       writer.write(step, metrics)

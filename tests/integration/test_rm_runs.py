@@ -6,7 +6,7 @@ configs/math.py through the launcher.
 
 The default pairs prefer the gold answer ("7") to the same answer in words ("seven"), which the
 env cannot parse (docs/rm.md). Measured here: held-out val/accuracy 0.15 -> 1.00 (JAX, 20 steps)
-and 0.50 -> 1.00 (torch, 10 steps), val/loss 0.70 -> 0.00. A head read at the wrong place, a loss with the
+and 0.50 -> 1.00 (torch, 10 steps; the test runs 12), val/loss 0.70 -> 0.00. A head read at the wrong place, a loss with the
 wrong sign or rows not interleaved as the loss reads them stay near chance or go to 0.
 """
 import asyncio
@@ -27,6 +27,7 @@ def _check_learning(rows, steps):
   assert [r["step"] for r in train] == list(range(1, steps + 1))
   assert all(math.isfinite(r["train/loss"]) and r["train/grad_norm"] > 0 for r in train)
   first, last = val[0], val[-1]
+  assert last["step"] == steps, "the run must end on a validation of its final weights"
   assert first["step"] == 0 and abs(first["val/loss"] - math.log(2)) < 0.05   # a fresh head: ~ chance
   print(f"val/accuracy {first['val/accuracy']:.2f} -> {last['val/accuracy']:.2f}, "
         f"val/loss {first['val/loss']:.3f} -> {last['val/loss']:.3f}")
@@ -80,5 +81,7 @@ def test_tiny_rm_learns_and_scores_the_math_env(tmp_path):
 
 
 def test_torch_backend_learns(tmp_path):
-  _, rows = launch(str(tmp_path / "rm_torch"), "--config=configs/rm.py:torch", "--config.rm.num_steps=10")
-  _check_learning(rows, 10)
+  # 12 steps, validated every 5: at 0, 5, 10 and the last, 12
+  _, rows = launch(str(tmp_path / "rm_torch"), "--config=configs/rm.py:torch", "--config.rm.num_steps=12")
+  _check_learning(rows, 12)
+  assert [r["step"] for r in rows if "val/accuracy" in r] == [0, 5, 10, 12]
