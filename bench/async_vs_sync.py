@@ -40,7 +40,8 @@ sandbox core 1. The run prints each process's cores. Per timed run and fleet, th
 the wall time: trainer (time/train + time/refit), engine (seconds inside vLLM batches, from the
 actor), sandbox (slot-seconds running verdicts, the server's dockyard_sandbox_busy_seconds_total;
 up to its slot count), each with its process CPU seconds / wall, and how busy each pinned core was
-(the rest of it: other processes on the machine).
+(the rest of it: other processes. On the fleets' core that is mostly the sandboxes' bwrap / pytest
+processes, whose CPU never reaches the sandbox actor's child counts, then Ray's daemons).
 
 Math mode prints each run's wall time and step times, then for async the ratio of its mean step time to
 max(train + refit per step, generate + score per step), train from the async run, generate +
@@ -527,12 +528,13 @@ def main_swe(args, p):
           f"{d['trainer_cpu'] / wall:.2f}: main thread {sp.get('main', 0.0) / wall:.2f}, collector "
           f"{sp.get('collector', 0.0) / wall:.2f}; CPU / (train+refit) {d['trainer_cpu'] / max(train, 1e-9):.2f}), engine {d['engine_busy'] / wall:.2f} (in vLLM batches; process CPU "
           f"{d['engine_cpu'] / wall:.2f}), sandbox {d.get('busy_seconds_total', 0.0) / wall:.2f} (slot-seconds "
-          f"running verdicts / wall, {slots} slots; CPU with its children {d['sandbox_cpu'] / wall:.2f})")
+          f"running verdicts / wall, {slots} slots; the actor's CPU {d['sandbox_cpu'] / wall:.2f}, without its sandboxes' "
+          f"bwrap / pytest processes: they are not reaped into its counts)")
     if pin:   # what else ran on those cores: other jobs on the machine (and Ray's daemons on the fleets' core)
       print(f"       cores busy: trainer core(s) {d['trainer_core'] / wall:.2f} of {len(trainer_cores)} (this "
             f"process {d['trainer_cpu'] / wall:.2f}), fleets' core(s) {d['fleet_core'] / wall:.2f} of "
-            f"{len(fleet_cores)} (engine + sandbox {(d['engine_cpu'] + d['sandbox_cpu']) / wall:.2f}); the rest is "
-            f"other processes")
+            f"{len(fleet_cores)} (engine + sandbox actor {(d['engine_cpu'] + d['sandbox_cpu']) / wall:.2f}); the rest: "
+            f"mostly the sandboxes' pytest processes, then Ray's daemons and any other job")
   ours = {name: (r["d"]["trainer_cpu"] + r["d"]["engine_cpu"] + r["d"]["sandbox_cpu"]) / r["wall"]
           for name, r in (("sync", sync), ("async", asyn))}
   train_async = mean_of(asyn["rows"], "time/train", "time/refit")
@@ -540,7 +542,7 @@ def main_swe(args, p):
   step_async = asyn["wall"] / args.steps
   print(f"async step / max(train+refit, generate+score) = {step_async:.2f} / {max(train_async, gen_score):.2f} = "
         f"{step_async / max(train_async, gen_score):.2f}  (train+refit from the async run, generate+score from the "
-        f"sync run); this bench's processes used {ours['sync']:.2f} cores (sync) and {ours['async']:.2f} (async) "
+        f"sync run); the trainer, engine and sandbox actor processes used {ours['sync']:.2f} cores (sync) and {ours['async']:.2f} (async) "
         f"of {len(cores)}: overlap only pays where the other side's core would sit idle")
   if pin:
     t_probe = time.perf_counter()
