@@ -326,13 +326,22 @@ class TorchPolicy(Policy):
     if self._planned:
       return self._planned_logprobs(batch)
     part, n_micro = self._rank_slice(batch)
+    rows = n_micro * self._micro
+    # This rank's real rows: padding rows past them are not scored (a micro-batch keeps at least
+    # one row, so every rank joins every forward's collectives) and report 0. The refit canary's
+    # 2-row probe ran on a whole micro-batch of rows before.
+    real = min(max(batch.batch_size - dist.rank() * rows, 0), rows)
     outs = []
     self.model.eval()  # the same function train_step differentiates, minus any dropout
     with torch.no_grad():
       for i in range(n_micro):
-        s = slice(i * self._micro, (i + 1) * self._micro)
+        lo = i * self._micro
+        s = slice(lo, max(min(lo + self._micro, real), lo + 1))
         outs.append(self._logprobs(part["input_ids"][s], part["attention_mask"][s], batch.temperature))
-    full = dist.all_gather_rows(torch.cat(outs, 0))[:batch.batch_size].cpu().numpy()
+    mine = torch.cat(outs, 0)
+    if mine.shape[0] < rows:   # equal shapes on every rank for the gather
+      mine = torch.cat([mine, mine.new_zeros((rows - mine.shape[0],) + tuple(mine.shape[1:]))], 0)
+    full = dist.all_gather_rows(mine)[:batch.batch_size].cpu().numpy()
     return full * np.asarray(batch.attention_mask, full.dtype)  # padding reports 0, as in JAX
 
   # ---- training ---------------------------------------------------------------------------------

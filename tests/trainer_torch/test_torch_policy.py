@@ -30,8 +30,11 @@ def test_logprobs_match_the_plain_hf_model_and_ignore_padding(build_policy, mode
   policy = build_policy(micro_batch_size=3)
   batch = torch_common.make_batch(seed=3)
   batch.temperature = temperature   # log_softmax(logits / T): the distribution sampled at T
+  scored, inner = [], policy._logprobs
+  policy._logprobs = lambda ids, *a: (scored.append(len(ids)), inner(ids, *a))[1]
   got = policy.logprobs(batch)
   assert got.shape == batch.input_ids.shape and got.dtype == np.float32
+  assert sum(scored) == batch.batch_size, scored   # the last micro-batch's padding rows not scored
   assert np.all(got[:, 0] == 0)
   ref_model = transformers.AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
   with torch.no_grad():
