@@ -215,9 +215,6 @@ SWE_SIZES = dict(smoke=dict(steps=1, prompts=2, generations=4, max_new_tokens=25
                  quick=dict(steps=2, prompts=4, generations=8, max_new_tokens=256, warmup=120),
                  full=dict(steps=10, prompts=4, generations=8, max_new_tokens=256, warmup=120))
 WARM_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "dockyard", "bench", "async_vs_sync_swe")
-# JAX's persistent compilation cache for the SWE mode's jitted steps (a rerun loads them instead of
-# compiling again: ~4 s of the warm-up step); `--no_cache` leaves it off.
-JAX_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "dockyard", "bench", "jax_compilation_cache")
 
 
 def pin_process(pid: int, cores) -> int:
@@ -387,11 +384,10 @@ def main_swe(args, p):
 
   import contextlib
 
-  import jax
-  jax_cache = not args.no_cache
-  if jax_cache:
-    jax.config.update("jax_compilation_cache_dir", JAX_CACHE)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+  from _timing import use_jax_compilation_cache
+  # The jitted steps from JAX's persistent compilation cache on a rerun (~4 s of the warm-up step);
+  # `--no_cache` leaves it off.
+  jax_cache = "" if args.no_cache else use_jax_compilation_cache()
 
   from dockyard import policy_factory, runner
   from dockyard.grpo.loop import grpo_train
@@ -497,7 +493,7 @@ def main_swe(args, p):
     # new tokens compile the same step as 256 and skip most of a step's generation and scoring).
     t_warm = time.perf_counter()
     run(False, 1, os.path.join(tmp, "warmup"), max_new_tokens=16)
-    print(f"warm-up step (compiles the train step{', or loads it from ' + JAX_CACHE if jax_cache else ''}): "
+    print(f"warm-up step (compiles the train step{', or loads it from ' + jax_cache if jax_cache else ''}): "
           f"{time.perf_counter() - t_warm:.1f} s", flush=True)
     sync = run(False, args.steps, os.path.join(tmp, "sync"))
     asyn = run(True, args.steps, os.path.join(tmp, "async"))

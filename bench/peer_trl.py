@@ -243,17 +243,11 @@ def read_metrics(workdir: str) -> list[dict]:
     return [json.loads(line) for line in f if line.strip()]
 
 
-# JAX's persistent compilation cache for the dockyard side's jitted steps: a rerun loads them (its
-# first step, left out of the mean, gets shorter; the steady steps do not change).
-JAX_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "dockyard", "bench", "jax_compilation_cache")
-
-
 def side_dockyard(settings: dict, workdir: str) -> dict:
-  import jax
+  from _timing import use_jax_compilation_cache
 
   from dockyard import runner, workdir as workdir_lib
-  jax.config.update("jax_compilation_cache_dir", JAX_CACHE)
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+  use_jax_compilation_cache()   # a rerun loads the jitted steps: a shorter first step (left out of the mean)
   config = dockyard_config(settings)
   paths = workdir_lib.prepare(workdir, config)
   t0 = time.perf_counter()

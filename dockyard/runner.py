@@ -387,7 +387,7 @@ def run(config, paths: dict[str, str]) -> None:
       model_path = resolve_model(config)
     # The engines start now, in their own processes (Ray actors; vLLM's import alone takes ~6 s
     # here), while this process loads the tokenizer, builds the env and the trainer; a thread only
-    # waits for them. With the packaged 135M model: set-up 18.5 s one after the other, ~14.5 s so.
+    # waits for them. With the packaged 135M model: set-up 17.6 s one after the other, ~15.3 s so.
     import concurrent.futures
 
     from dockyard.rollout.fleet import RolloutFleet
