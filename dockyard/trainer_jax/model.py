@@ -49,6 +49,11 @@ class RMSNorm(nnx.Module):
     return self.scale.astype(dtype) * x.astype(dtype)
 
 
+def _matmul(x, w):
+  """x [..., din] @ w [din, dout] as one 2-D matmul over the flattened leading dims."""
+  return (x.reshape(-1, x.shape[-1]) @ w).reshape(*x.shape[:-1], w.shape[-1])
+
+
 class HeadsProj(nnx.Module):
   """x [..., embed] -> [..., heads, head_dim]; kernel [embed, heads, head_dim]."""
 
@@ -60,7 +65,8 @@ class HeadsProj(nnx.Module):
     self.lora = None  # a trainer_jax.lora.LoRAAdapter when LoRA targets this projection
 
   def __call__(self, x):
-    y = jnp.einsum("bte,ehd->bthd", x, self.kernel.astype(self.dtype))
+    e, h, d = self.kernel.shape
+    y = _matmul(x, self.kernel.astype(self.dtype).reshape(e, h * d)).reshape(*x.shape[:-1], h, d)
     if self.lora is not None:
       y = y + self.lora(x)
     return y + self.bias.astype(self.dtype) if self.bias is not None else y
@@ -76,7 +82,8 @@ class OutProj(nnx.Module):
     self.lora = None  # a trainer_jax.lora.LoRAAdapter when LoRA targets this projection
 
   def __call__(self, x):
-    y = jnp.einsum("bthd,hde->bte", x, self.kernel.astype(self.dtype))
+    h, d, e = self.kernel.shape
+    y = _matmul(x.reshape(*x.shape[:-2], h * d), self.kernel.astype(self.dtype).reshape(h * d, e))
     if self.lora is not None:
       y = y + self.lora(x)
     return y + self.bias.astype(self.dtype) if self.bias is not None else y
@@ -90,7 +97,7 @@ class Dense(nnx.Module):
     self.lora = None  # a trainer_jax.lora.LoRAAdapter when LoRA targets this projection
 
   def __call__(self, x):
-    y = x @ self.kernel.astype(self.dtype)
+    y = _matmul(x, self.kernel.astype(self.dtype))
     if self.lora is not None:
       y = y + self.lora(x)
     return y + self.bias.astype(self.dtype) if self.bias is not None else y
@@ -458,7 +465,7 @@ class Decoder(nnx.Module):
   def logits(self, x):
     """The LM head (tied: the embedding's transpose) on hidden states [..., hidden]; fp32."""
     if self.lm_head is None:
-      logits = x @ self.embed.embedding[...].astype(self.dtype).T
+      logits = _matmul(x, self.embed.embedding[...].astype(self.dtype).T)
     else:
       logits = self.lm_head(x)
     return logits.astype(jnp.float32)
