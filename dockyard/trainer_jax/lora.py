@@ -30,7 +30,7 @@ from jax.sharding import NamedSharding
 from dockyard.models import name_map
 from dockyard.models.lora import LoRAConfig
 from dockyard.trainer_jax import sharding as shd
-from dockyard.trainer_jax.model import Dense, HeadsProj, OutProj
+from dockyard.trainer_jax.model import Dense, HeadsProj, OutProj, flat_matmul
 
 ADAPTER_FILTER = nnx.LoRAParam
 BASE_FILTER = nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam))
@@ -52,13 +52,12 @@ class LoRAAdapter(nnx.Module):
       x = self.dropout(x)
     a = self.lora_a[...].astype(x.dtype)
     b = self.lora_b[...].astype(x.dtype)
-    # As 2-D matmuls over the flattened tokens (the same numbers as tensordot): contracting 3-D
-    # activations, XLA:CPU computes the adapters' gradients from transposed copies, ~1.7x slower
+    # 2-D matmuls over the flattened tokens (`flat_matmul`, the same numbers as tensordot): over
+    # 3-D activations XLA:CPU computes the adapters' gradients from transposed copies, ~1.7x slower
     # for a rank-16 adapter on a 135M projection (docs/trainer_speed.md, "2-D matmuls").
     lead = x.shape[:x.ndim - self.n_in]
-    h = x.reshape(-1, math.prod(a.shape[:-1])) @ a.reshape(-1, a.shape[-1])
-    y = h @ b.reshape(b.shape[0], -1)
-    return self.scale * y.reshape(*lead, *b.shape[1:])
+    h = flat_matmul(x.reshape(*lead, -1), a.reshape(-1, a.shape[-1]))
+    return self.scale * flat_matmul(h, b.reshape(b.shape[0], -1)).reshape(*lead, *b.shape[1:])
 
   def delta(self) -> jax.Array:
     """The merged update `scale * a . b`, in the kernel's shape (float32)."""

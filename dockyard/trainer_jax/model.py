@@ -49,7 +49,7 @@ class RMSNorm(nnx.Module):
     return self.scale.astype(dtype) * x.astype(dtype)
 
 
-def _matmul(x, w):
+def flat_matmul(x, w):
   """x [..., din] @ w [din, dout] as one 2-D matmul over the flattened leading dims. Same numbers
   as `x @ w`; XLA:CPU computes the weight gradient of the 3-D form from a transposed copy of dY in
   a slower dot (a 135M layer's forward + backward 104 -> 79 ms: docs/trainer_speed.md)."""
@@ -68,7 +68,7 @@ class HeadsProj(nnx.Module):
 
   def __call__(self, x):
     e, h, d = self.kernel.shape
-    y = _matmul(x, self.kernel.astype(self.dtype).reshape(e, h * d)).reshape(*x.shape[:-1], h, d)
+    y = flat_matmul(x, self.kernel.astype(self.dtype).reshape(e, h * d)).reshape(*x.shape[:-1], h, d)
     if self.lora is not None:
       y = y + self.lora(x)
     return y + self.bias.astype(self.dtype) if self.bias is not None else y
@@ -85,7 +85,7 @@ class OutProj(nnx.Module):
 
   def __call__(self, x):
     h, d, e = self.kernel.shape
-    y = _matmul(x.reshape(*x.shape[:-2], h * d), self.kernel.astype(self.dtype).reshape(h * d, e))
+    y = flat_matmul(x.reshape(*x.shape[:-2], h * d), self.kernel.astype(self.dtype).reshape(h * d, e))
     if self.lora is not None:
       y = y + self.lora(x)
     return y + self.bias.astype(self.dtype) if self.bias is not None else y
@@ -99,7 +99,7 @@ class Dense(nnx.Module):
     self.lora = None  # a trainer_jax.lora.LoRAAdapter when LoRA targets this projection
 
   def __call__(self, x):
-    y = _matmul(x, self.kernel.astype(self.dtype))
+    y = flat_matmul(x, self.kernel.astype(self.dtype))
     if self.lora is not None:
       y = y + self.lora(x)
     return y + self.bias.astype(self.dtype) if self.bias is not None else y
@@ -467,7 +467,7 @@ class Decoder(nnx.Module):
   def logits(self, x):
     """The LM head (tied: the embedding's transpose) on hidden states [..., hidden]; fp32."""
     if self.lm_head is None:
-      logits = _matmul(x, self.embed.embedding[...].astype(self.dtype).T)
+      logits = flat_matmul(x, self.embed.embedding[...].astype(self.dtype).T)
     else:
       logits = self.lm_head(x)
     return logits.astype(jnp.float32)
